@@ -1,0 +1,15 @@
+// Subcommands of the qwenrt binary: each registers its options on the app and returns the
+// function that runs it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace qwenrt::cli {
+
+using Run = std::function<int()>;
+
+Run add_info(CLI::App& app);
+
+}  // namespace qwenrt::cli

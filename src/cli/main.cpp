@@ -1,0 +1,32 @@
+// The qwenrt binary: one subcommand per job. Errors end as one line on stderr and exit code 1.
+#include <cstdio>
+#include <map>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"qwenrt: inference engine for the Qwen3.5 / 3.6 / 3.8 hybrid model family"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, qwenrt::cli::Run> runs;
+  auto add = [&](qwenrt::cli::Run (*adder)(CLI::App&)) {
+    const size_t before = app.get_subcommands({}).size();
+    qwenrt::cli::Run run = adder(app);
+    runs[app.get_subcommands({}).at(before)] = std::move(run);
+  };
+  add(&qwenrt::cli::add_info);
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    for (auto& [sub, run] : runs) {
+      if (sub->parsed()) return run();
+    }
+  } catch (const qwenrt::Error& e) {
+    std::fprintf(stderr, "qwenrt: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qwenrt: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
