@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The sanitizer job: an ASan+UBSan build (clang) running the whole suite, the malformed-GGUF corpus
+# included, then a short libFuzzer run of the GGUF reader. Any sanitizer report fails it.
+#   bash tools/sanitize.sh [fuzz seconds, default 60]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fuzz_seconds="${1:-60}"
+bash tools/setup.sh >/dev/null  # packages and .venv (also builds the plain tree)
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DQWENRT_SANITIZE=ON -DQWENRT_FUZZ=ON >/dev/null
+ninja -C build-asan
+ctest --test-dir build-asan --output-on-failure -j"$(nproc)"
+
+corpus=$(mktemp -d)
+trap 'rm -rf "$corpus"' EXIT
+cp tests/fixtures/malformed/*.gguf "$corpus"/ 2>/dev/null || true
+dict=()
+[ -f fuzz/gguf.dict ] && dict=(-dict=fuzz/gguf.dict)
+build-asan/gguf_reader_fuzz "$corpus" "${dict[@]}" -max_total_time="$fuzz_seconds" \
+  -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 20
