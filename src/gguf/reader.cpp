@@ -164,6 +164,22 @@ class Parser {
   const Limits& limits_;
 };
 
+// Keys and tensor names in messages are bytes from the file: escape control bytes so that an
+// error stays one printable line (a '\n' or an escape sequence in a key must not reach a terminal).
+std::string one_line(std::string_view message) {
+  std::string out;
+  out.reserve(message.size());
+  for (char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string TensorInfo::shape_string() const {
@@ -175,7 +191,11 @@ std::string TensorInfo::shape_string() const {
 Expected<File> File::open(const std::string& path, const Limits& limits) {
   return catch_error([&] {
     File f(MappedFile::open(path));
-    f.parse(limits);
+    try {
+      f.parse(limits);
+    } catch (const Error& e) {
+      throw Error(one_line(e.what()));
+    }
     return f;
   });
 }
@@ -184,7 +204,11 @@ Expected<File> File::from_bytes(std::span<const uint8_t> bytes, std::string name
                                 const Limits& limits) {
   return catch_error([&] {
     File f(MappedFile::from_bytes(bytes, std::move(name)));
-    f.parse(limits);
+    try {
+      f.parse(limits);
+    } catch (const Error& e) {
+      throw Error(one_line(e.what()));
+    }
     return f;
   });
 }
@@ -206,7 +230,8 @@ void File::parse(const Limits& limits) {
   version_ = cur.read<uint32_t>("version");
   if (version_ != 2 && version_ != 3) {
     if (version_ == 1) fail("{}: GGUF version 1 is not supported (expected 2 or 3)", path);
-    if ((version_ & 0xffff) == 0)
+    // A big-endian file stores 2 or 3 in the high bytes; version 0 is just an unknown version.
+    if (version_ != 0 && (version_ & 0xffff) == 0)
       fail("{}: big-endian GGUF (version bytes {:#010x}) is not supported", path, version_);
     fail("{}: unsupported GGUF version {} (expected 2 or 3)", path, version_);
   }
