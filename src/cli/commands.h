@@ -11,5 +11,6 @@ namespace qwenrt::cli {
 using Run = std::function<int()>;
 
 Run add_info(CLI::App& app);
+Run add_logits(CLI::App& app);
 
 }  // namespace qwenrt::cli

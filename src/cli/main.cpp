@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
     runs[app.get_subcommands({}).at(before)] = std::move(run);
   };
   add(&qwenrt::cli::add_info);
+  add(&qwenrt::cli::add_logits);
 
   CLI11_PARSE(app, argc, argv);
   try {

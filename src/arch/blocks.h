@@ -1,0 +1,63 @@
+// The blocks both architectures share: gated full attention, Gated DeltaNet, and the trunk loop
+// (SPEC.md "Layer skeleton"), written as short sequences of Ops calls.
+#pragma once
+
+#include "arch/model.h"
+#include "model/weights.h"
+
+namespace qwenrt::arch {
+
+// Everything a block needs besides its weights and its input/output rows.
+struct BlockContext {
+  ops::Ops& ops;
+  const model::Config& config;
+  const ForwardBatch& batch;
+  state::StateStore& states;
+};
+
+// out [n, n_embd] = gated attention of x [n, n_embd] (already normed), appending to the KV rows
+// of each span's slot.
+void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, int il,
+                     const float* x, float* out);
+// out [n, n_embd] = Gated DeltaNet of x [n, n_embd] (already normed), advancing conv and delta
+// state of each span's slot.
+void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, int il,
+                    const float* x, float* out);
+
+// The layer loop and the head, for any FFN kind: ffn(ctx, ffn_weights, x, out) writes
+// out [n, n_embd] from the normed x.
+template <class Ffn, class FfnFn>
+void run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn ffn,
+               float* logits) {
+  ops::Ops& ops = ctx.ops;
+  const model::Config& c = ctx.config;
+  const int64_t n = ctx.batch.n, e = c.n_embd;
+  float* x = ops.alloc(n * e);
+  float* h = ops.alloc(n * e);
+  float* mixed = ops.alloc(n * e);
+  ops.embed_rows(w.token_embd, ctx.batch.tokens, x, n);
+  for (int il = 0; il < c.n_layer; ++il) {
+    const auto& layer = w.layers[il];
+    ops.rmsnorm(x, layer.attn_norm, h, n, e, c.rms_eps);
+    if (const auto* attn = std::get_if<model::AttentionWeights>(&layer.mixer)) {
+      attention_block(ctx, *attn, il, h, mixed);
+    } else {
+      deltanet_block(ctx, std::get<model::DeltaNetWeights>(layer.mixer), il, h, mixed);
+    }
+    ops.add(x, mixed, x, n * e);
+    ops.rmsnorm(x, layer.post_attn_norm, h, n, e, c.rms_eps);
+    ffn(ctx, layer.ffn, h, mixed);
+    ops.add(x, mixed, x, n * e);
+  }
+  const int64_t m = static_cast<int64_t>(ctx.batch.logit_rows.size());
+  if (m == 0) return;
+  float* last = ops.alloc(m * e);
+  for (int64_t i = 0; i < m; ++i)
+    ops.copy_2d(x + ctx.batch.logit_rows[i] * e, e, last + i * e, e, 1, e);
+  ops.rmsnorm(last, w.output_norm, last, m, e, c.rms_eps);
+  float* out = ops.alloc(m * c.n_vocab);
+  ops.matmul(w.output, last, out, m);
+  ops.download(out, logits, m * c.n_vocab);
+}
+
+}  // namespace qwenrt::arch

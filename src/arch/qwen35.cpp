@@ -1,0 +1,41 @@
+// qwen35: the dense hybrid (Qwen3.6-27B, Qwen3.8-27B and the small Qwen3.5 models).
+#include "arch/blocks.h"
+
+namespace qwenrt::arch {
+namespace {
+
+// out = down(silu(gate x) * up x)
+void dense_ffn(const BlockContext& ctx, const model::DenseFfnWeights& w, const float* x,
+               float* out) {
+  ops::Ops& ops = ctx.ops;
+  const int64_t n = ctx.batch.n, ff = ctx.config.n_ff;
+  float* gate = ops.alloc(n * ff);
+  float* up = ops.alloc(n * ff);
+  ops.matmul(w.gate, x, gate, n);
+  ops.matmul(w.up, x, up, n);
+  ops.silu_mul(gate, up, gate, n * ff);
+  ops.matmul(w.down, gate, out, n);
+}
+
+class Qwen35 final : public Model {
+ public:
+  Qwen35(const gguf::File& file, const model::Config& config)
+      : config_(config), weights_(model::bind_qwen35(file, config)) {}
+  const model::Config& config() const override { return config_; }
+  void forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch,
+               float* logits) override {
+    run_trunk(BlockContext{ops, config_, batch, states}, weights_, dense_ffn, logits);
+  }
+
+ private:
+  model::Config config_;
+  model::Qwen35Weights weights_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen35(const gguf::File& file, const model::Config& config) {
+  return std::make_unique<Qwen35>(file, config);
+}
+
+}  // namespace qwenrt::arch

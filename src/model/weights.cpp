@@ -1,0 +1,154 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "quant/quant.h"
+
+namespace qwenrt::model {
+
+Weight Weight::expert(int64_t e) const {
+  Weight w;
+  w.name = fmt::format("{}[expert {}]", name, e);
+  w.view = view;
+  w.view.n_dims = 2;
+  w.view.ne[2] = 1;
+  w.view.data = static_cast<const uint8_t*>(view.data) + e * view.nb[2];
+  return w;
+}
+
+namespace {
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", shape[i]);
+  return s + "]";
+}
+
+enum class Kind { kMatrix, kF32 };  // any supported type, or F32 only (norms, router, conv...)
+
+class Binder {
+ public:
+  Binder(const gguf::File& file) : file_(file) {}
+
+  Weight get(const std::string& name, std::vector<int64_t> shape, Kind kind) const {
+    Weight w = find(name, std::move(shape), kind);
+    if (!w.present()) fail("{}: missing tensor '{}'", file_.path(), name);
+    return w;
+  }
+
+  // Absent is fine; present must be right.
+  Weight find(const std::string& name, std::vector<int64_t> shape, Kind kind) const {
+    const gguf::TensorInfo* t = file_.find_tensor(name);
+    if (!t) return {};
+    std::vector<int64_t> actual(t->ne.begin(), t->ne.begin() + t->n_dims);
+    if (actual != shape) {
+      fail("{}: tensor '{}': expected shape {}, got {}", file_.path(), name, shape_string(shape),
+           shape_string(actual));
+    }
+    if (kind == Kind::kF32 && t->dtype != DType::F32) {
+      fail("{}: tensor '{}': expected type F32, got {}", file_.path(), name, dtype_name(t->dtype));
+    }
+    if (!quant::can_dequantize(t->dtype)) {
+      fail("{}: tensor '{}': type {} is not supported", file_.path(), name, dtype_name(t->dtype));
+    }
+    return {name, t->view()};
+  }
+
+ private:
+  const gguf::File& file_;
+};
+
+std::string blk(int il, const char* suffix) {
+  return fmt::format("blk.{}.{}", il, suffix);
+}
+
+AttentionWeights bind_attention(const Binder& b, const Config& c, int il) {
+  const int64_t e = c.n_embd, hd = c.head_dim;
+  AttentionWeights w;
+  w.qkv =
+      b.find(blk(il, "attn_qkv.weight"), {e, (2 * c.n_head + 2 * c.n_head_kv) * hd}, Kind::kMatrix);
+  if (!w.qkv.present()) {
+    w.q = b.get(blk(il, "attn_q.weight"), {e, 2 * c.n_head * hd}, Kind::kMatrix);
+    w.k = b.get(blk(il, "attn_k.weight"), {e, c.n_head_kv * hd}, Kind::kMatrix);
+    w.v = b.get(blk(il, "attn_v.weight"), {e, c.n_head_kv * hd}, Kind::kMatrix);
+  }
+  w.output = b.get(blk(il, "attn_output.weight"), {c.n_head * hd, e}, Kind::kMatrix);
+  w.q_norm = b.get(blk(il, "attn_q_norm.weight"), {hd}, Kind::kF32);
+  w.k_norm = b.get(blk(il, "attn_k_norm.weight"), {hd}, Kind::kF32);
+  return w;
+}
+
+DeltaNetWeights bind_deltanet(const Binder& b, const Config& c, int il) {
+  const int64_t e = c.n_embd, hv = c.ssm_v_heads, inner = c.ssm_inner;
+  DeltaNetWeights w;
+  w.qkv = b.get(blk(il, "attn_qkv.weight"), {e, c.conv_channels()}, Kind::kMatrix);
+  w.gate = b.get(blk(il, "attn_gate.weight"), {e, inner}, Kind::kMatrix);
+  w.conv = b.get(blk(il, "ssm_conv1d.weight"), {c.conv_kernel, c.conv_channels()}, Kind::kF32);
+  w.dt_bias = b.get(blk(il, "ssm_dt.bias"), {hv}, Kind::kF32);
+  w.a = b.get(blk(il, "ssm_a"), {hv}, Kind::kF32);
+  w.beta = b.get(blk(il, "ssm_beta.weight"), {e, hv}, Kind::kMatrix);
+  w.alpha = b.get(blk(il, "ssm_alpha.weight"), {e, hv}, Kind::kMatrix);
+  w.norm = b.get(blk(il, "ssm_norm.weight"), {c.ssm_head_dim}, Kind::kF32);
+  w.output = b.get(blk(il, "ssm_out.weight"), {inner, e}, Kind::kMatrix);
+  return w;
+}
+
+DenseFfnWeights bind_dense_ffn(const Binder& b, const Config& c, int il) {
+  const int64_t e = c.n_embd, ff = c.n_ff;
+  return {b.get(blk(il, "ffn_gate.weight"), {e, ff}, Kind::kMatrix),
+          b.get(blk(il, "ffn_up.weight"), {e, ff}, Kind::kMatrix),
+          b.get(blk(il, "ffn_down.weight"), {ff, e}, Kind::kMatrix)};
+}
+
+MoeFfnWeights bind_moe_ffn(const Binder& b, const Config& c, int il) {
+  const int64_t e = c.n_embd, ff = c.n_ff_exp, n = c.n_expert, sff = c.n_ff_shexp;
+  MoeFfnWeights w;
+  w.router = b.get(blk(il, "ffn_gate_inp.weight"), {e, n}, Kind::kF32);
+  w.gate_up_exps = b.find(blk(il, "ffn_gate_up_exps.weight"), {e, 2 * ff, n}, Kind::kMatrix);
+  if (!w.gate_up_exps.present()) {
+    w.gate_exps = b.get(blk(il, "ffn_gate_exps.weight"), {e, ff, n}, Kind::kMatrix);
+    w.up_exps = b.get(blk(il, "ffn_up_exps.weight"), {e, ff, n}, Kind::kMatrix);
+  }
+  w.down_exps = b.get(blk(il, "ffn_down_exps.weight"), {ff, e, n}, Kind::kMatrix);
+  w.shared_gate_inp = b.get(blk(il, "ffn_gate_inp_shexp.weight"), {e}, Kind::kF32);
+  w.shared_gate = b.get(blk(il, "ffn_gate_shexp.weight"), {e, sff}, Kind::kMatrix);
+  w.shared_up = b.get(blk(il, "ffn_up_shexp.weight"), {e, sff}, Kind::kMatrix);
+  w.shared_down = b.get(blk(il, "ffn_down_shexp.weight"), {sff, e}, Kind::kMatrix);
+  return w;
+}
+
+template <class Ffn, class BindFfn>
+ModelWeights<Ffn> bind(const gguf::File& file, const Config& c, BindFfn bind_ffn) {
+  const Binder b(file);
+  ModelWeights<Ffn> w;
+  w.token_embd = b.get("token_embd.weight", {c.n_embd, c.n_vocab}, Kind::kMatrix);
+  w.output_norm = b.get("output_norm.weight", {c.n_embd}, Kind::kF32);
+  w.output = b.find("output.weight", {c.n_embd, c.n_vocab}, Kind::kMatrix);
+  if (!w.output.present()) w.output = w.token_embd;  // tied embeddings
+  for (int il = 0; il < c.n_layer; ++il) {
+    Layer<Ffn> layer;
+    layer.attn_norm = b.get(blk(il, "attn_norm.weight"), {c.n_embd}, Kind::kF32);
+    layer.post_attn_norm = b.get(blk(il, "post_attention_norm.weight"), {c.n_embd}, Kind::kF32);
+    if (c.is_attention_layer(il)) {
+      layer.mixer = bind_attention(b, c, il);
+    } else {
+      layer.mixer = bind_deltanet(b, c, il);
+    }
+    layer.ffn = bind_ffn(b, c, il);
+    w.layers.push_back(std::move(layer));
+  }
+  return w;
+}
+
+}  // namespace
+
+Qwen35Weights bind_qwen35(const gguf::File& file, const Config& config) {
+  return bind<DenseFfnWeights>(file, config, bind_dense_ffn);
+}
+
+Qwen35MoeWeights bind_qwen35moe(const gguf::File& file, const Config& config) {
+  return bind<MoeFfnWeights>(file, config, bind_moe_ffn);
+}
+
+}  // namespace qwenrt::model

@@ -1,0 +1,91 @@
+// Per-architecture weight structs, bound by tensor name, every type and shape checked.
+// Tensors stay in the mapped file (no copy); backends place them where they compute.
+#pragma once
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/tensor.h"
+#include "gguf/reader.h"
+#include "model/config.h"
+
+namespace qwenrt::model {
+
+// One weight tensor: its GGUF name and a view of its bytes (ggml order: ne[0] is the input dim).
+struct Weight {
+  std::string name;
+  TensorView view;
+
+  bool present() const { return view.data != nullptr; }
+  // The 2D slice for one expert of a 3D expert tensor [in, out, n_expert].
+  Weight expert(int64_t e) const;
+};
+
+// Full (gated) attention. attn_q is double width: per head, head_dim query values then
+// head_dim gate values. Some files fuse q|k|v into attn_qkv instead.
+struct AttentionWeights {
+  Weight q;       // attn_q   [n_embd, 2 * n_head * head_dim] (absent when qkv is fused)
+  Weight k;       // attn_k   [n_embd, n_head_kv * head_dim]
+  Weight v;       // attn_v   [n_embd, n_head_kv * head_dim]
+  Weight qkv;     // attn_qkv [n_embd, (2 * n_head + 2 * n_head_kv) * head_dim] (fused files only)
+  Weight output;  // attn_output [n_head * head_dim, n_embd]
+  Weight q_norm;  // attn_q_norm [head_dim] F32
+  Weight k_norm;  // attn_k_norm [head_dim] F32
+};
+
+struct DeltaNetWeights {
+  Weight qkv;      // attn_qkv   [n_embd, conv_channels]: q (Hk*D) | k (Hk*D) | v (Hv*D)
+  Weight gate;     // attn_gate  [n_embd, Hv*D]: z, the output gate
+  Weight conv;     // ssm_conv1d [conv_kernel, conv_channels] F32
+  Weight dt_bias;  // ssm_dt.bias [Hv] F32
+  Weight a;        // ssm_a [Hv] F32, already -exp(A_log)
+  Weight beta;     // ssm_beta  [n_embd, Hv]
+  Weight alpha;    // ssm_alpha [n_embd, Hv]
+  Weight norm;     // ssm_norm [D] F32
+  Weight output;   // ssm_out [Hv*D, n_embd]
+};
+
+struct DenseFfnWeights {
+  Weight gate;  // ffn_gate [n_embd, n_ff]
+  Weight up;    // ffn_up   [n_embd, n_ff]
+  Weight down;  // ffn_down [n_ff, n_embd]
+};
+
+struct MoeFfnWeights {
+  Weight router;           // ffn_gate_inp [n_embd, n_expert] F32
+  Weight gate_exps;        // ffn_gate_exps [n_embd, n_ff_exp, n_expert] (absent when fused)
+  Weight up_exps;          // ffn_up_exps   [n_embd, n_ff_exp, n_expert] (absent when fused)
+  Weight gate_up_exps;     // ffn_gate_up_exps [n_embd, 2 * n_ff_exp, n_expert]: gate rows, then up
+  Weight down_exps;        // ffn_down_exps [n_ff_exp, n_embd, n_expert]
+  Weight shared_gate_inp;  // ffn_gate_inp_shexp [n_embd] F32: the shared expert's scalar gate
+  Weight shared_gate;      // ffn_gate_shexp [n_embd, n_ff_shexp]
+  Weight shared_up;        // ffn_up_shexp   [n_embd, n_ff_shexp]
+  Weight shared_down;      // ffn_down_shexp [n_ff_shexp, n_embd]
+};
+
+template <class Ffn>
+struct Layer {
+  Weight attn_norm;       // attn_norm [n_embd] F32
+  Weight post_attn_norm;  // post_attention_norm [n_embd] F32
+  std::variant<DeltaNetWeights, AttentionWeights> mixer;
+  Ffn ffn;
+};
+
+template <class Ffn>
+struct ModelWeights {
+  Weight token_embd;   // [n_embd, n_vocab]
+  Weight output_norm;  // [n_embd] F32
+  Weight output;       // [n_embd, n_vocab]; token_embd when the file has no output.weight
+  std::vector<Layer<Ffn>> layers;
+};
+
+using Qwen35Weights = ModelWeights<DenseFfnWeights>;
+using Qwen35MoeWeights = ModelWeights<MoeFfnWeights>;
+
+// Binds and checks every trunk tensor (MTP blocks are not bound here).
+// Error: "<file>: tensor 'blk.3.attn_q.weight': expected shape [256, 1024], got [256, 512]".
+Qwen35Weights bind_qwen35(const gguf::File& file, const Config& config);
+Qwen35MoeWeights bind_qwen35moe(const gguf::File& file, const Config& config);
+
+}  // namespace qwenrt::model

@@ -1,0 +1,76 @@
+// Test support: tiny synthetic model files and GGUF rewriting (drop, replace or add tensors and
+// keys) to make malformed-but-parseable models.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gguf/reader.h"
+#include "gguf/writer.h"
+#include "model/synth.h"
+
+namespace qwenrt::testing_support {
+
+inline std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/" + name;
+}
+
+inline std::string write_tiny(model::Arch arch, const std::string& name,
+                              std::function<void(model::SynthSpec&)> edit = nullptr) {
+  model::SynthSpec spec;
+  spec.config = model::tiny_config(arch);
+  spec.seed = arch == model::Arch::kQwen35 ? 11 : 12;
+  if (edit) edit(spec);
+  const std::string path = temp_path(name);
+  model::write_synthetic(spec, path);
+  return path;
+}
+
+struct TensorData {
+  DType dtype;
+  std::vector<int64_t> ne;
+  std::vector<uint8_t> bytes;
+};
+
+// Copies `src` to `dst`, letting `edit` change the metadata and the tensors first.
+inline void rewrite(
+    const std::string& src, const std::string& dst,
+    const std::function<void(std::vector<gguf::KeyValue>&, std::map<std::string, TensorData>&,
+                             std::vector<std::string>& order)>& edit) {
+  gguf::File f = gguf::File::open(src).value();
+  std::vector<gguf::KeyValue> kv = f.metadata();
+  std::map<std::string, TensorData> tensors;
+  std::vector<std::string> order;
+  for (const auto& t : f.tensors()) {
+    tensors[t.name] = {t.dtype, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims),
+                       std::vector<uint8_t>(t.data, t.data + t.n_bytes)};
+    order.push_back(t.name);
+  }
+  edit(kv, tensors, order);
+  gguf::Writer w;
+  for (auto& [key, value] : kv) w.set(key, value);
+  for (const auto& name : order) {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) continue;
+    w.add_tensor(name, it->second.dtype, it->second.ne, it->second.bytes);
+  }
+  w.write(dst);
+}
+
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace qwenrt::testing_support
