@@ -135,15 +135,15 @@ Config Config::from_gguf(const gguf::File& file) {
   c.ssm_k_heads = k.get_int("ssm.group_count", 1, kBig);
   c.ssm_v_heads = k.get_int("ssm.time_step_rank", 1, kBig);
   c.ssm_inner = k.get_int("ssm.inner_size", 1, kBig);
-  if (c.ssm_inner != c.ssm_v_heads * c.ssm_head_dim) {
-    inconsistent(path, k.key("ssm.inner_size") + " (time_step_rank x state_size)",
-                 int64_t{c.ssm_v_heads} * c.ssm_head_dim, c.ssm_inner);
-  }
   if (c.ssm_v_heads % c.ssm_k_heads != 0) {
     fail("{}: {} = {} (V heads) is not a multiple of {} = {} (K heads)", path,
          k.key("ssm.time_step_rank"), c.ssm_v_heads, k.key("ssm.group_count"), c.ssm_k_heads);
   }
 
+  if (c.ssm_inner != c.ssm_v_heads * c.ssm_head_dim) {
+    inconsistent(path, k.key("ssm.inner_size") + " (time_step_rank x state_size)",
+                 int64_t{c.ssm_v_heads} * c.ssm_head_dim, c.ssm_inner);
+  }
   if (c.is_moe()) {
     c.n_expert = k.get_int("expert_count", 1, 1 << 16);
     c.n_expert_used = k.get_int("expert_used_count", 1, 1 << 16);
