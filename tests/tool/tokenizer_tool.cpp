@@ -1,0 +1,188 @@
+// tokenizer_tool: the driver tests/python/tokenizer_parity.py and bench/tokenizer/ run.
+//
+//   tokenizer_tool encode MODEL.gguf IN.bin OUT.jsonl [--no-nfc]
+//       IN.bin: records of (u8 flags: bit 0 = parse_special, u32 LE length, bytes). One JSON line
+//       per record: {"ids": [...], "decoded": HEX, "stream": HEX}, where decoded is decode(ids)
+//       and stream the StreamDecoder's output for the ids pushed one at a time, then finish().
+//   tokenizer_tool nfc IN.bin OUT.bin
+//       Same records in; records of (u32 LE length, NFC bytes) out. Input must be valid UTF-8.
+//   tokenizer_tool bench MODEL.gguf TEXT REPEATS
+//       Encodes the whole file TEXT (parse_special off) REPEATS times; prints one JSON line with
+//       the load time, token count and the median encode time.
+//
+// Failures print one line, "tokenizer_tool: error: ...", and exit 1 (2 for usage errors).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "gguf/reader.h"
+#include "tokenizer/nfc.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using qwenrt::fail;
+namespace tk = qwenrt::tokenizer;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open for reading", path);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail("{}: read error", path);
+  return bytes;
+}
+
+struct Record {
+  bool parse_special;
+  std::string_view text;
+};
+
+std::vector<Record> parse_records(const std::string& path, std::string_view data) {
+  std::vector<Record> records;
+  size_t pos = 0;
+  while (pos < data.size()) {
+    if (data.size() - pos < 5) fail("{}: record header cut short at byte {}", path, pos);
+    const auto flags = static_cast<uint8_t>(data[pos]);
+    uint32_t length = 0;
+    for (int i = 0; i < 4; ++i)
+      length |= uint32_t{static_cast<uint8_t>(data[pos + 1 + i])} << (8 * i);
+    pos += 5;
+    if (data.size() - pos < length) fail("{}: record at byte {} runs past the end", path, pos - 5);
+    records.push_back({(flags & 1) != 0, data.substr(pos, length)});
+    pos += length;
+  }
+  return records;
+}
+
+std::string hex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (const char c : bytes) {
+    out += kDigits[static_cast<uint8_t>(c) >> 4];
+    out += kDigits[static_cast<uint8_t>(c) & 15];
+  }
+  return out;
+}
+
+tk::Tokenizer load(const std::string& path, const tk::Options& options = {}) {
+  auto file = qwenrt::gguf::File::open(path);
+  return tk::Tokenizer::from_gguf(file.value(), options);
+}
+
+int cmd_encode(const std::vector<std::string>& args) {
+  tk::Options options;
+  for (size_t i = 3; i < args.size(); ++i) {
+    if (args[i] != "--no-nfc") fail("encode: unknown option '{}'", args[i]);
+    options.nfc = false;
+  }
+  const tk::Tokenizer tokenizer = load(args[0], options);
+  const std::string data = read_file(args[1]);
+  std::string out;
+  for (const Record& r : parse_records(args[1], data)) {
+    const std::vector<int32_t> ids = tokenizer.encode(r.text, r.parse_special);
+    tk::StreamDecoder stream(tokenizer);
+    std::string streamed;
+    out += "{\"ids\": [";
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i > 0) out += ", ";
+      out += std::to_string(ids[i]);
+      streamed += stream.push(ids[i]);
+    }
+    streamed += stream.finish();
+    out += "], \"decoded\": \"" + hex(tokenizer.decode(ids)) + "\", \"stream\": \"" +
+           hex(streamed) + "\"}\n";
+  }
+  std::ofstream(args[2], std::ios::binary) << out;
+  return 0;
+}
+
+int cmd_nfc(const std::vector<std::string>& args) {
+  const std::string data = read_file(args[0]);
+  std::string out;
+  std::string storage;
+  for (const Record& r : parse_records(args[0], data)) {
+    const std::string_view normalized = tk::normalize_nfc(r.text, storage);
+    const auto length = static_cast<uint32_t>(normalized.size());
+    for (int i = 0; i < 4; ++i) out += static_cast<char>(length >> (8 * i) & 0xFF);
+    out += normalized;
+  }
+  std::ofstream(args[1], std::ios::binary) << out;
+  return 0;
+}
+
+int cmd_bench(const std::vector<std::string>& args) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const tk::Tokenizer tokenizer = load(args[0]);
+  const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string text = read_file(args[1]);
+  const int repeats = std::stoi(args[2]);
+  if (repeats < 1) fail("bench: REPEATS must be at least 1, got {}", repeats);
+  std::vector<double> seconds;
+  size_t n_tokens = 0;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < repeats; ++i) {
+    ids.clear();
+    const auto start = Clock::now();
+    tokenizer.encode(text, false, ids);
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    n_tokens = ids.size();
+  }
+  std::sort(seconds.begin(), seconds.end());
+  std::printf(
+      "{\"load_s\": %.6f, \"bytes\": %zu, \"tokens\": %zu, \"median_s\": %.6f, "
+      "\"min_s\": %.6f}\n",
+      load_s, text.size(), n_tokens, seconds[seconds.size() / 2], seconds.front());
+  return 0;
+}
+
+struct Command {
+  std::string_view name;
+  std::string_view usage;
+  size_t min_args, max_args;
+  int (*run)(const std::vector<std::string>& args);
+};
+
+constexpr Command kCommands[] = {
+    {"encode", "MODEL.gguf IN.bin OUT.jsonl [--no-nfc]", 3, 4, cmd_encode},
+    {"nfc", "IN.bin OUT.bin", 2, 2, cmd_nfc},
+    {"bench", "MODEL.gguf TEXT REPEATS", 3, 3, cmd_bench},
+};
+
+int usage() {
+  std::fprintf(stderr, "usage:\n");
+  for (const auto& c : kCommands) {
+    std::fprintf(stderr, "  tokenizer_tool %.*s %.*s\n", static_cast<int>(c.name.size()),
+                 c.name.data(), static_cast<int>(c.usage.size()), c.usage.data());
+  }
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage();
+  const std::string_view name = argv[1];
+  for (const auto& c : kCommands) {
+    if (c.name != name) continue;
+    std::vector<std::string> args(argv + 2, argv + argc);
+    if (args.size() < c.min_args || args.size() > c.max_args) return usage();
+    try {
+      return c.run(args);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tokenizer_tool: error: %s\n", e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "tokenizer_tool: error: unknown subcommand '%s'\n", argv[1]);
+  return usage();
+}
