@@ -26,7 +26,8 @@ bool can_quantize(DType type);
 void dequantize(DType type, const void* src, float* dst, int64_t n, std::string_view what = "");
 
 // Quantises n floats (n a multiple of the block size) into blocks at dst.
-// Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (more may follow).
+// Supported: every type can_dequantize accepts (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q2_K..Q6_K, IQ4_NL, IQ4_XS), with ggml's reference quantisers (no importance matrix).
 void quantize(DType type, const float* src, void* dst, int64_t n, std::string_view what = "");
 
 }  // namespace qwenrt::quant
