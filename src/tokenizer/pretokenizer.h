@@ -7,14 +7,21 @@
 
 namespace qwenrt::tokenizer {
 
-// The pattern as HF tokenizer.json spells it for Qwen3.5 (SPEC.md gives llama.cpp's expansion of
-// the case-insensitive group). Kept case-insensitive: Onig (HF) and PCRE2 both fold U+017F (long s)
-// to 's', so "'ſ" is a contraction for both, and not for the expanded form. `\s` is widened by
-// U+0085 (NEL): Onig's \s is the White_Space property, PCRE2's (with UCP) the Z category plus
-// \t\n\v\f\r, and NEL is the only character in one and not the other.
+// The pattern as HF tokenizer.json spells it for Qwen3.5, with two changes that make PCRE2 match
+// what HF's Onig matches:
+// - the contraction group stays case-insensitive (SPEC.md gives llama.cpp's expansion into
+//   character classes): both engines fold U+017F (long s) to 's', so apostrophe + U+017F is a
+//   contraction for HF and must be for us;
+// - \s is spelled out as the White_Space property, which is Onig's \s. PCRE2's (with UCP) is the
+//   Z category plus \t\n\v\f\r, and 10.42 also takes U+180E (a format character
+//   since Unicode 6.3) but not U+0085.
+#define QWENRT_WHITE_SPACE \
+  R"(\t\n\x{0B}\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})"
 inline constexpr std::string_view kQwen35Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N})"
-    R"(| ?[^\s\x{85}\p{L}\p{M}\p{N}]+[\r\n]*|[\s\x{85}]*[\r\n]+|[\s\x{85}]+(?![^\s\x{85}])|[\s\x{85}]+)";
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^)" QWENRT_WHITE_SPACE
+    R"(\p{L}\p{M}\p{N}]+[\r\n]*|[)" QWENRT_WHITE_SPACE R"(]*[\r\n]+|[)" QWENRT_WHITE_SPACE
+    R"(]+(?![^)" QWENRT_WHITE_SPACE R"(])|[)" QWENRT_WHITE_SPACE R"(]+)";
+#undef QWENRT_WHITE_SPACE
 
 class PreTokenizer {
  public:
