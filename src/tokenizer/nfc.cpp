@@ -79,27 +79,8 @@ uint32_t compose_pair(uint32_t first, uint32_t second) {
   return it == pairs->end() ? 0 : it->second;
 }
 
-}  // namespace
-
-std::string_view normalize_nfc(std::string_view text, std::string& storage) {
-  // Quick check: code points below U+0300 (lead bytes below 0xCC) never change, nor do the
-  // ones the table does not flag. Only text with a flagged code point takes the slow path.
-  bool stable = true;
-  for (size_t pos = 0; pos < text.size();) {
-    const auto lead = static_cast<uint8_t>(text[pos]);
-    if (lead < 0xCC) {
-      pos += lead < 0x80 ? 1 : 2;
-      continue;
-    }
-    const size_t length = utf8_sequence_length(text, pos);
-    if (is_unsafe(decode_utf8(text, pos, length))) {
-      stable = false;
-      break;
-    }
-    pos += length;
-  }
-  if (stable) return text;
-
+// The full algorithm on a stretch that starts at a normalization boundary and ends before one.
+void normalize_span(std::string_view text, std::string& out) {
   std::vector<uint32_t> cps;
   cps.reserve(text.size());
   for (size_t pos = 0; pos < text.size();) {
@@ -128,30 +109,72 @@ std::string_view normalize_nfc(std::string_view text, std::string& storage) {
 
   // Canonical composition: each character joins the last starter unless blocked (a character
   // between them has class 0 or a class not below its own).
-  std::vector<uint32_t> out;
-  std::vector<uint32_t> out_ccc;
-  out.reserve(cps.size());
+  std::vector<uint32_t> composed;
+  std::vector<uint32_t> composed_ccc;
+  composed.reserve(cps.size());
   size_t starter = SIZE_MAX;
   for (size_t i = 0; i < cps.size(); ++i) {
     const uint32_t c = ccc[i];
     if (starter != SIZE_MAX) {
-      const uint32_t last_ccc = out.size() - 1 == starter ? 0 : out_ccc.back();
-      const bool blocked = out.size() - 1 != starter && (last_ccc == 0 || last_ccc >= c);
+      const bool adjacent = composed.size() - 1 == starter;
+      const bool blocked = !adjacent && (composed_ccc.back() == 0 || composed_ccc.back() >= c);
       if (!blocked) {
-        if (const uint32_t composite = compose_pair(out[starter], cps[i])) {
-          out[starter] = composite;
+        if (const uint32_t composite = compose_pair(composed[starter], cps[i])) {
+          composed[starter] = composite;
           continue;
         }
       }
     }
-    if (c == 0) starter = out.size();
-    out.push_back(cps[i]);
-    out_ccc.push_back(c);
+    if (c == 0) starter = composed.size();
+    composed.push_back(cps[i]);
+    composed_ccc.push_back(c);
   }
+  for (const uint32_t cp : composed) append_utf8(cp, out);
+}
 
-  storage.clear();
-  storage.reserve(text.size() + 8);
-  for (const uint32_t cp : out) append_utf8(cp, storage);
+}  // namespace
+
+std::string_view normalize_nfc(std::string_view text, std::string& storage) {
+  // A code point the table does not flag is a normalization boundary: nothing before it interacts
+  // with anything after it. So only the stretches from the boundary before a flagged code point
+  // to the boundary after it need the full algorithm; the rest is copied. Code points below
+  // U+0300 (lead bytes below 0xCC) are never flagged.
+  size_t copied = 0;         // text[0, copied) has been dealt with
+  size_t last_boundary = 0;  // start of the last unflagged code point seen
+  bool changed = false;
+  for (size_t pos = 0; pos < text.size();) {
+    const auto lead = static_cast<uint8_t>(text[pos]);
+    if (lead < 0xCC) {
+      last_boundary = pos;
+      pos += lead < 0x80 ? 1 : 2;
+      continue;
+    }
+    size_t length = utf8_sequence_length(text, pos);
+    if (!is_unsafe(decode_utf8(text, pos, length))) {
+      last_boundary = pos;
+      pos += length;
+      continue;
+    }
+    if (!changed) {
+      storage.clear();
+      storage.reserve(text.size() + 16);
+      changed = true;
+    }
+    const size_t start = std::max(last_boundary, copied);
+    storage.append(text.substr(copied, start - copied));
+    size_t end = pos + length;
+    while (end < text.size()) {
+      length = utf8_sequence_length(text, end);
+      if (!is_unsafe(decode_utf8(text, end, length))) break;
+      end += length;
+    }
+    normalize_span(text.substr(start, end - start), storage);
+    copied = end;
+    last_boundary = end;
+    pos = end;
+  }
+  if (!changed) return text;
+  storage.append(text.substr(copied));
   return storage;
 }
 

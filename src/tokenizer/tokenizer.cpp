@@ -69,6 +69,55 @@ std::optional<std::string> unmap_byte_level(std::string_view text) {
   return out;
 }
 
+// Token text -> id for the normal tokens, used while resolving merges: ~1M lookups on a real
+// vocabulary, so a flat table (hash and id per slot, text compared only on a hash match) instead
+// of a node-based map, whose cache misses made loading take a second.
+class TextIndex {
+ public:
+  TextIndex(const std::vector<gguf::Value>& tokens, size_t n_expected) : tokens_(tokens) {
+    size_t capacity = 64;
+    while (capacity < 2 * n_expected) capacity *= 2;
+    slots_.assign(capacity, Slot{0, -1});
+  }
+
+  // Returns the id already holding `text`, or -1 after adding `id`.
+  int32_t insert(std::string_view text, int32_t id) {
+    const uint64_t h = hash(text);
+    for (size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i].id < 0) {
+        slots_[i] = {h, id};
+        return -1;
+      }
+      if (slots_[i].hash == h && text_of(slots_[i].id) == text) return slots_[i].id;
+    }
+  }
+
+  int32_t find(std::string_view text) const {
+    const uint64_t h = hash(text);
+    for (size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i].id < 0) return -1;
+      if (slots_[i].hash == h && text_of(slots_[i].id) == text) return slots_[i].id;
+    }
+  }
+
+ private:
+  struct Slot {
+    uint64_t hash;
+    int32_t id;  // -1: free
+  };
+  static uint64_t hash(std::string_view text) {
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then a final mix for the low bits
+    for (const char c : text) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+    return (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+  }
+  std::string_view text_of(int32_t id) const {
+    return tokens_[static_cast<size_t>(id)].as_string();
+  }
+
+  const std::vector<gguf::Value>& tokens_;
+  std::vector<Slot> slots_;
+};
+
 }  // namespace
 
 Tokenizer Tokenizer::from_gguf(const gguf::File& file, const Options& options) {
@@ -102,8 +151,7 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file, const Options& options) {
   tok.offsets_.reserve(n + 1);
   tok.offsets_.push_back(0);
   // Byte-level text of the normal tokens -> id, for resolving merges (load time only).
-  std::unordered_map<std::string_view, int32_t> normal;
-  normal.reserve(n);
+  TextIndex normal(tokens.items, n);
   std::array<int32_t, 256> byte_token;
   byte_token.fill(-1);
   for (size_t i = 0; i < n; ++i) {
@@ -117,8 +165,8 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file, const Options& options) {
           fail("{}: token {} {} is marked normal but is not byte-level BPE text", path, id,
                quoted(text));
         }
-        if (auto [it, inserted] = normal.emplace(text, id); !inserted) {
-          fail("{}: tokens {} and {} are both {}", path, it->second, id, quoted(text));
+        if (const int32_t earlier = normal.insert(text, id); earlier >= 0) {
+          fail("{}: tokens {} and {} are both {}", path, earlier, id, quoted(text));
         }
         if (bytes->size() == 1) byte_token[static_cast<uint8_t>((*bytes)[0])] = id;
         tok.bytes_ += *bytes;
@@ -170,15 +218,13 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file, const Options& options) {
     const std::string_view left(merge.data(), space);
     const std::string_view right(merge.data() + space + 1, merge.size() - space - 1);
     joined.assign(left).append(right);
-    const auto l = normal.find(left), r = normal.find(right), m = normal.find(joined);
-    if (l == normal.end() || r == normal.end() || m == normal.end()) {
-      const std::string_view missing = l == normal.end()   ? left
-                                       : r == normal.end() ? right
-                                                           : joined;
+    const int32_t l = normal.find(left), r = normal.find(right), m = normal.find(joined);
+    if (l < 0 || r < 0 || m < 0) {
+      const std::string_view missing = l < 0 ? left : r < 0 ? right : std::string_view(joined);
       fail("{}: {}[{}] {}: {} is not a normal token of the vocabulary", path, kMergesKey, rank,
            quoted(merge), quoted(missing));
     }
-    if (!tok.bpe_.add_merge(l->second, r->second, m->second, static_cast<int32_t>(rank))) {
+    if (!tok.bpe_.add_merge(l, r, m, static_cast<int32_t>(rank))) {
       fail("{}: {}[{}] {} repeats an earlier merge", path, kMergesKey, rank, quoted(merge));
     }
   }
