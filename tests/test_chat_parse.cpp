@@ -320,6 +320,7 @@ struct Generated {
   bool exact = true;  // `expected` is what parsing must give (false for cut-short text)
   ParsedReply expected;
   size_t cut_inside_call = SIZE_MAX;  // for cut text: the index of the call the cut falls inside
+  Json tools;
 };
 
 // a + b, spelled so that GCC 12 does not warn falsely (-Wrestrict at -O3) as it does on
@@ -441,7 +442,7 @@ class ReplyGenerator {
 };
 
 ParsedReply stream(const Generated& g, std::mt19937& rng, int max_chunk) {
-  ReplyParser parser({.starts_in_reasoning = g.starts_in_reasoning});
+  ReplyParser parser({.starts_in_reasoning = g.starts_in_reasoning, .tools = g.tools});
   std::string reasoning, content;
   std::vector<ToolCall> calls;
   std::vector<std::string> begun;
@@ -517,6 +518,56 @@ TEST(ChatParse, StreamingEqualsWholeOnGeneratedReplies) {
   EXPECT_GT(exact, 2000);
   EXPECT_GT(cut, 500);
   EXPECT_GT(cut_in_call, 100);
+}
+
+TEST(ChatParse, StreamingEqualsWholeOnArbitraryText) {
+  // Tags, pieces of tags and text in any order: whatever the reading, every chunking agrees.
+  const std::vector<std::string> pieces = {"<think>",
+                                           "</think>",
+                                           "<tool_call>",
+                                           "</tool_call>",
+                                           "<function=f>",
+                                           "<function=",
+                                           "</function>",
+                                           "<parameter=p>",
+                                           "<parameter=",
+                                           "</parameter>",
+                                           "<tool_",
+                                           "call>",
+                                           "</para",
+                                           "meter>",
+                                           "<",
+                                           ">",
+                                           "=",
+                                           "/",
+                                           "\n",
+                                           "\n\n",
+                                           " ",
+                                           "\t",
+                                           "x",
+                                           "word",
+                                           "é",
+                                           "😀",
+                                           "中",
+                                           "{\"a\": 1}",
+                                           "true",
+                                           "42",
+                                           "<think",
+                                           "</tool_call",
+                                           "name>",
+                                           "\n<function=g>\n"};
+  std::mt19937 rng(99);
+  for (int i = 0; i < 4000; ++i) {
+    Generated g{.starts_in_reasoning = (i % 2) == 0, .exact = false, .tools = kTools};
+    const int n = std::uniform_int_distribution<int>(0, 40)(rng);
+    for (int k = 0; k < n; ++k) {
+      g.text += pieces[std::uniform_int_distribution<size_t>(0, pieces.size() - 1)(rng)];
+    }
+    SCOPED_TRACE("text " + std::to_string(i) + ": " + Json(g.text).dump());
+    const ParsedReply whole = parse(g.text, g.starts_in_reasoning, kTools);
+    for (const int max_chunk : {1, 2, 7}) EXPECT_REPLY(stream(g, rng, max_chunk), whole);
+    if (HasFailure()) break;
+  }
 }
 
 }  // namespace
