@@ -298,7 +298,6 @@ bool ReplyParser::step_call(bool final) {
       }
       param_name_ = std::string(strip_ascii(name));
       param_value_.clear();
-      in_parameter_ = true;
       buffer_.erase(0, end + 1);
       stage_ = CallStage::kParamValue;
       return true;
@@ -366,7 +365,6 @@ void ReplyParser::begin_call(bool explicit_open) {
   mode_ = Mode::kCall;
   stage_ = explicit_open ? CallStage::kOpen : CallStage::kName;
   call_ = ToolCall{};
-  in_parameter_ = false;
 }
 
 void ReplyParser::end_call(bool complete) {
@@ -376,7 +374,6 @@ void ReplyParser::end_call(bool complete) {
   push_event({.kind = ReplyEvent::Kind::kToolCall, .tool_index = index, .call = std::move(call_)});
   call_ = ToolCall{};
   call_raw_.clear();
-  in_parameter_ = false;
   mode_ = call_return_mode_;
   skip_ws_ = true;
 }
@@ -396,7 +393,6 @@ void ReplyParser::finish_parameter() {
   if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
   call_.arguments[param_name_] = coerce(call_.name, param_name_, std::string(value));
   param_value_.clear();
-  in_parameter_ = false;
 }
 
 Json ReplyParser::coerce(const std::string& function, const std::string& parameter,

@@ -113,7 +113,6 @@ class ReplyParser {
   ToolCall call_;
   std::string call_raw_;  // the call's text before its name was read (for a malformed call)
   std::string param_name_, param_value_;
-  bool in_parameter_ = false;
   std::unordered_map<std::string, Json> schemas_;  // function name -> parameters.properties
   ParsedReply result_;
   std::vector<ReplyEvent> events_;
