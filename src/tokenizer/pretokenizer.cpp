@@ -3,23 +3,82 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+
 #include "core/error.h"
+#include "tokenizer/unicode_extras.h"
 
 namespace qwenrt::tokenizer {
 
+namespace {
+
+// with_extras = false leaves out unicode_extras.h: the same splits on text without those code
+// points, and much faster (PCRE2's JIT tests a long class range by range).
+std::string build_pattern(bool with_extras) {
+  const std::string space =
+      R"(\t\n\x{0B}\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+  std::string letter = R"(\p{L})", mark = R"(\p{M})", number = R"(\p{N})";
+  if (with_extras) {
+    letter += kExtraLetters;
+    mark += kExtraMarks;
+    number += kExtraNumbers;
+  }
+  std::string p = R"((?i:'s|'t|'re|'ve|'m|'ll|'d))";
+  p += "|[^\\r\\n" + letter + number + "]?[" + letter + mark + "]+";
+  p += "|[" + number + "]";
+  p += "| ?[^" + space + letter + mark + number + "]+[\\r\\n]*";
+  p += "|[" + space + "]*[\\r\\n]+";
+  p += "|[" + space + "]+(?![^" + space + "])";
+  p += "|[" + space + "]+";
+  return p;
+}
+
+// Whether `text` (valid UTF-8) holds a code point of kExtraRanges; all of them are U+0800 or above,
+// so only sequences with a lead byte from 0xE0 up are decoded.
+bool has_extra_code_point(std::string_view text) {
+  const auto* p = reinterpret_cast<const uint8_t*>(text.data());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (p[i] < 0xE0) continue;
+    const uint32_t cp = p[i] < 0xF0
+                            ? (p[i] & 0x0Fu) << 12 | (p[i + 1] & 0x3Fu) << 6 | (p[i + 2] & 0x3Fu)
+                            : (p[i] & 0x07u) << 18 | (p[i + 1] & 0x3Fu) << 12 |
+                                  (p[i + 2] & 0x3Fu) << 6 | (p[i + 3] & 0x3Fu);
+    const auto* end = std::end(kExtraRanges);
+    const auto* it = std::upper_bound(std::begin(kExtraRanges), end, cp,
+                                      [](uint32_t v, const uint32_t(&r)[2]) { return v < r[0]; });
+    if (it != std::begin(kExtraRanges) && cp <= (*(it - 1))[1]) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string qwen35_pattern() {
+  return build_pattern(true);
+}
+
 struct PreTokenizer::Compiled {
-  pcre2_code* code = nullptr;
-  bool jit = false;
-  ~Compiled() { pcre2_code_free(code); }
+  struct Code {
+    pcre2_code* code = nullptr;
+    bool jit = false;
+  };
+  Code plain, extended;
+  ~Compiled() {
+    pcre2_code_free(plain.code);
+    pcre2_code_free(extended.code);
+  }
 };
 
-PreTokenizer::PreTokenizer() : compiled_(std::make_unique<Compiled>()) {
+namespace {
+
+void compile(const std::string& pattern, pcre2_code*& code, bool& jit) {
   int error = 0;
   PCRE2_SIZE offset = 0;
-  compiled_->code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kQwen35Pattern.data()), kQwen35Pattern.size(),
-                    PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
-  if (compiled_->code == nullptr) {
+  code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                       PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof message);
     fail("tokenizer: PCRE2 rejects the qwen35 pattern at offset {}: {}", offset,
@@ -27,7 +86,14 @@ PreTokenizer::PreTokenizer() : compiled_(std::make_unique<Compiled>()) {
   }
   // JIT is an optimisation: without it (unsupported platform, no executable memory) the
   // interpreter gives the same matches.
-  compiled_->jit = pcre2_jit_compile(compiled_->code, PCRE2_JIT_COMPLETE) == 0;
+  jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+}
+
+}  // namespace
+
+PreTokenizer::PreTokenizer() : compiled_(std::make_unique<Compiled>()) {
+  compile(build_pattern(false), compiled_->plain.code, compiled_->plain.jit);
+  compile(build_pattern(true), compiled_->extended.code, compiled_->extended.jit);
 }
 
 PreTokenizer::~PreTokenizer() = default;
@@ -42,13 +108,14 @@ void PreTokenizer::split_impl(std::string_view text, void* fn,
   } match{pcre2_match_data_create(1, nullptr)};
   if (match.data == nullptr) fail("tokenizer: out of memory for PCRE2 match data");
 
+  const Compiled::Code& c = has_extra_code_point(text) ? compiled_->extended : compiled_->plain;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;
   while (pos < text.size()) {
-    const int rc = compiled_->jit ? pcre2_jit_match(compiled_->code, subject, text.size(), pos,
-                                                    PCRE2_NO_UTF_CHECK, match.data, nullptr)
-                                  : pcre2_match(compiled_->code, subject, text.size(), pos,
-                                                PCRE2_NO_UTF_CHECK, match.data, nullptr);
+    const int rc = c.jit ? pcre2_jit_match(c.code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
+                                           match.data, nullptr)
+                         : pcre2_match(c.code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
+                                       match.data, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR message[256];

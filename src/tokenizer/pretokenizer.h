@@ -3,29 +3,29 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <string_view>
 
 namespace qwenrt::tokenizer {
 
-// The pattern as HF tokenizer.json spells it for Qwen3.5, with two changes that make PCRE2 match
-// what HF's Onig matches:
+// The pattern as HF tokenizer.json spells it for Qwen3.5:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}
+//   | ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with three changes that make PCRE2 split exactly as HF's Onig does:
 // - the contraction group stays case-insensitive (SPEC.md gives llama.cpp's expansion into
 //   character classes): both engines fold U+017F (long s) to 's', so apostrophe + U+017F is a
 //   contraction for HF and must be for us;
 // - \s is spelled out as the White_Space property, which is Onig's \s. PCRE2's (with UCP) is the
-//   Z category plus \t\n\v\f\r, and 10.42 also takes U+180E (a format character
-//   since Unicode 6.3) but not U+0085.
-#define QWENRT_WHITE_SPACE \
-  R"(\t\n\x{0B}\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})"
-inline constexpr std::string_view kQwen35Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^)" QWENRT_WHITE_SPACE
-    R"(\p{L}\p{M}\p{N}]+[\r\n]*|[)" QWENRT_WHITE_SPACE R"(]*[\r\n]+|[)" QWENRT_WHITE_SPACE
-    R"(]+(?![^)" QWENRT_WHITE_SPACE R"(])|[)" QWENRT_WHITE_SPACE R"(]+)";
-#undef QWENRT_WHITE_SPACE
+//   Z category plus \t\n\v\f\r, and 10.42 also takes U+180E (a format character since Unicode
+//   6.3) but not U+0085;
+// - \p{L}, \p{M}, \p{N} get the code points Unicode added between PCRE2 10.42's tables (14.0) and
+//   Onig's (16.0): unicode_extras.h. Text without any of them is matched with a second, plain
+//   compilation, since the long classes slow PCRE2's JIT down by 70%.
+std::string qwen35_pattern();
 
 class PreTokenizer {
  public:
-  PreTokenizer();  // compiles kQwen35Pattern; throws Error if PCRE2 refuses it
+  PreTokenizer();  // compiles qwen35_pattern(); throws Error if PCRE2 refuses it
   ~PreTokenizer();
   PreTokenizer(PreTokenizer&&) noexcept;
   PreTokenizer& operator=(PreTokenizer&&) noexcept;

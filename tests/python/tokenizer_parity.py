@@ -7,7 +7,8 @@ corpus (tools/tokenizer/parity_corpus.py: scripts, emoji, code, digits, whitespa
 UTF-8, special-token text) is encoded with parse_special on and off, and checked for: the same ids
 as HF (HF gets the bytes decoded with errors="replace", the repair our encoder applies); decode
 giving HF's decode; decode(encode(s)) == NFC(s) for valid UTF-8; and the stream decoder giving
-exactly the lossy decode. Also: NFC of every code point (in context) against HF's normaliser, and
+exactly the lossy decode. Also: NFC of every code point (in context) against HF's normaliser,
+the pre-tokenizer's pieces around every code point against HF's, and
 tests/fixtures/tokenizer/qwen35-tokenizer-cases.{inp,out} (their ids are Qwen2's vocabulary with
 llama.cpp's rules, so they are checked on (2) with NFC off).
 
@@ -159,6 +160,26 @@ def check_nfc(tool: Path, work: Path, checks: Checks) -> None:
         print("   ", s)
 
 
+def check_pretokenizer_classes(tool: Path, work: Path, checks: Checks) -> None:
+    """Every code point between two letters: HF's Split (Onig) and our PCRE2 pattern must agree on
+    the pieces, i.e. on whether it is a letter or mark, a number, or neither (unicode_extras.h)."""
+    from tokenizers import Regex, pre_tokenizers
+    split = pre_tokenizers.Split(Regex(qwen_vocab.QWEN35_PATTERN), behavior="isolated", invert=False)
+    texts = ["x" + chr(cp) + "y" for cp in range(0x110000) if not 0xD800 <= cp < 0xE000]
+    inp, out = work / "pretokenize.in", work / "pretokenize.jsonl"
+    inp.write_bytes(records((t.encode(), False) for t in texts))
+    subprocess.run([str(tool), "pretokenize", str(inp), str(out)], check=True)
+    shown = []
+    with out.open() as lines:
+        for t, line in zip(texts, lines):
+            ours = [bytes.fromhex(h).decode() for h in json.loads(line)]
+            hf = [piece for piece, _ in split.pre_tokenize_str(t)]
+            checks.expect(ours == hf, f"pre-tokenize {t!r}: {ours} != HF {hf}", shown)
+    print(f"pre-tokenizer: {len(texts)} code points between letters: {'all match' if not shown else 'MISMATCHES:'}")
+    for s in shown:
+        print("   ", s)
+
+
 def trained_vocab(work: Path, corpus: list) -> tuple:
     """A small byte-level BPE with the qwen35 pre-tokenizer, trained on part of the corpus."""
     import gguf
@@ -221,6 +242,7 @@ def main() -> int:
         check_vocab(name, args.tool, work, gguf_path, json_path, corpus, checks)
     check_fixture_cases(args.tool, work, vocabs[1][1], checks)
     check_nfc(args.tool, work, checks)
+    check_pretokenizer_classes(args.tool, work, checks)
     print(f"{checks.passed} passed, {checks.failed} failed")
     return 0 if checks.failed == 0 else 1
 

@@ -4,6 +4,9 @@
 //       IN.bin: records of (u8 flags: bit 0 = parse_special, u32 LE length, bytes). One JSON line
 //       per record: {"ids": [...], "decoded": HEX, "stream": HEX}, where decoded is decode(ids)
 //       and stream the StreamDecoder's output for the ids pushed one at a time, then finish().
+//   tokenizer_tool pretokenize IN.bin OUT.jsonl
+//       Same records in (valid UTF-8); one JSON line per record: the qwen35 pre-tokenizer's
+//       pieces, each as HEX.
 //   tokenizer_tool nfc IN.bin OUT.bin
 //       Same records in; records of (u32 LE length, NFC bytes) out. Input must be valid UTF-8.
 //   tokenizer_tool bench MODEL.gguf TEXT REPEATS
@@ -25,6 +28,7 @@
 #include "core/error.h"
 #include "gguf/reader.h"
 #include "tokenizer/nfc.h"
+#include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -119,6 +123,24 @@ int cmd_nfc(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_pretokenize(const std::vector<std::string>& args) {
+  const std::string data = read_file(args[0]);
+  const tk::PreTokenizer pre_tokenizer;
+  std::string out;
+  for (const Record& r : parse_records(args[0], data)) {
+    out += "[";
+    bool first = true;
+    pre_tokenizer.split(r.text, [&](std::string_view piece) {
+      out += first ? "\"" : ", \"";
+      out += hex(piece) + "\"";
+      first = false;
+    });
+    out += "]\n";
+  }
+  std::ofstream(args[1], std::ios::binary) << out;
+  return 0;
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
@@ -158,6 +180,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"encode", "MODEL.gguf IN.bin OUT.jsonl [--no-nfc]", 3, 4, cmd_encode},
     {"nfc", "IN.bin OUT.bin", 2, 2, cmd_nfc},
+    {"pretokenize", "IN.bin OUT.jsonl", 2, 2, cmd_pretokenize},
     {"bench", "MODEL.gguf TEXT REPEATS", 3, 3, cmd_bench},
 };
 
