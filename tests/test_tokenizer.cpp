@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gguf/reader.h"
@@ -281,6 +283,26 @@ TEST(StreamDecoder, FlushesInvalidBytesAsReplacement) {
     out += s.finish();
     ASSERT_EQ(out, utf8_lossy(tok.decode(ids)));
   }
+}
+
+TEST(Tokenizer, EncodeIsSafeFromManyThreads) {
+  const Tokenizer tok = make();
+  const std::vector<std::string> texts = {"hello world", "<think>hel<|im_end|>lo", "e\xCC\x81 aaa",
+                                          "a\xF0\x9F", std::string(200, 'a') + "12 world"};
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& t : texts) expected.push_back(tok.encode(t, true));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches = 0;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) {
+        const size_t k = static_cast<size_t>(i) % texts.size();
+        if (tok.encode(texts[k], true) != expected[k]) ++mismatches;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches, 0);
 }
 
 TEST(Tokenizer, BrokenMetadataIsAClearError) {

@@ -53,20 +53,18 @@ const gguf::Array& required_array(const gguf::File& file, std::string_view key,
   return array;
 }
 
-// Byte-level text (as vocabularies store it) -> raw bytes; nullopt if a character is not in the
-// byte-level alphabet.
-std::optional<std::string> unmap_byte_level(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
+// Appends the raw bytes that byte-level text (as vocabularies store normal tokens) spells; false
+// if a character is not in the byte-level alphabet.
+bool append_unmapped(std::string_view text, std::string& out) {
   for (size_t pos = 0; pos < text.size();) {
     const size_t length = utf8_sequence_length(text, pos);
-    if (length == 0) return std::nullopt;
+    if (length == 0) return false;
     const int byte = byte_level::codepoint_to_byte(decode_utf8(text, pos, length));
-    if (byte < 0) return std::nullopt;
+    if (byte < 0) return false;
     out += static_cast<char>(byte);
     pos += length;
   }
-  return out;
+  return true;
 }
 
 // Token text -> id for the normal tokens, used while resolving merges: ~1M lookups on a real
@@ -160,23 +158,24 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file, const Options& options) {
     const int64_t type = std::get<int64_t>(types.items[i].data);
     switch (type) {
       case 1: {
-        std::optional<std::string> bytes = unmap_byte_level(text);
-        if (!bytes || bytes->empty()) {
+        if (text.empty() || !append_unmapped(text, tok.bytes_)) {
           fail("{}: token {} {} is marked normal but is not byte-level BPE text", path, id,
                quoted(text));
         }
         if (const int32_t earlier = normal.insert(text, id); earlier >= 0) {
           fail("{}: tokens {} and {} are both {}", path, earlier, id, quoted(text));
         }
-        if (bytes->size() == 1) byte_token[static_cast<uint8_t>((*bytes)[0])] = id;
-        tok.bytes_ += *bytes;
+        if (tok.bytes_.size() - tok.offsets_.back() == 1) {
+          byte_token[static_cast<uint8_t>(tok.bytes_.back())] = id;
+        }
         break;
       }
       case 3:
       case 4:
         if (text.empty()) fail("{}: added token {} has empty text", path, id);
-        if (!is_valid_utf8(text))
+        if (!is_valid_utf8(text)) {
           fail("{}: added token {} {} is not UTF-8", path, id, quoted(text));
+        }
         if (auto [it, inserted] = tok.added_.emplace(text, id); !inserted) {
           fail("{}: added tokens {} and {} are both {}", path, it->second, id, quoted(text));
         }
