@@ -146,7 +146,8 @@ struct DeltaCase {
 class GatedDeltaForms : public ::testing::TestWithParam<DeltaCase> {};
 
 TEST_P(GatedDeltaForms, ChunkedEqualsRecurrent) {
-  const auto [n, hk, hv, D] = GetParam();
+  const DeltaCase c = GetParam();
+  const int n = c.n, hk = c.hk, hv = c.hv, D = c.d;  // plain ints: lambdas below capture them
   std::mt19937_64 rng(1000 + n * 7 + hv);
   auto q = randn(size_t(n) * hk * D, rng), k = randn(size_t(n) * hk * D, rng),
        v = randn(size_t(n) * hv * D, rng);

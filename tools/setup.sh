@@ -18,9 +18,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import gguf, numpy" 2>/dev/null; then
+# (Re)make .venv when tools/requirements.txt changed since it was made.
+stamp=$(sha256sum tools/requirements.txt | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/requirements.sha256 2>/dev/null)" != "$stamp" ]; then
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
+  echo "$stamp" > .venv/requirements.sha256
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null

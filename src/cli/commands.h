@@ -12,5 +12,9 @@ using Run = std::function<int()>;
 
 Run add_info(CLI::App& app);
 Run add_logits(CLI::App& app);
+Run add_run(CLI::App& app);
+Run add_chat(CLI::App& app);
+Run add_tokenize(CLI::App& app);
+Run add_template(CLI::App& app);
 
 }  // namespace qwenrt::cli

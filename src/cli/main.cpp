@@ -15,7 +15,11 @@ int main(int argc, char** argv) {
     runs[app.get_subcommands({}).at(before)] = std::move(run);
   };
   add(&qwenrt::cli::add_info);
+  add(&qwenrt::cli::add_run);
+  add(&qwenrt::cli::add_chat);
   add(&qwenrt::cli::add_logits);
+  add(&qwenrt::cli::add_tokenize);
+  add(&qwenrt::cli::add_template);
 
   CLI11_PARSE(app, argc, argv);
   try {

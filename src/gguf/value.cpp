@@ -86,7 +86,8 @@ std::string Value::to_display(size_t max_items) const {
         } else if constexpr (std::is_same_v<T, bool>) {
           return v ? "true" : "false";
         } else if constexpr (std::is_same_v<T, double>) {
-          return fmt::format("{}", type == ValueType::FLOAT32 ? static_cast<float>(v) : v);
+          if (type == ValueType::FLOAT32) return fmt::format("{}", static_cast<float>(v));
+          return fmt::format("{}", v);
         } else if constexpr (std::is_same_v<T, Array>) {
           std::string out =
               fmt::format("[{} x {}] [", v.items.size(), value_type_name(v.elem_type));

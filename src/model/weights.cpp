@@ -42,6 +42,9 @@ class Binder {
     const gguf::TensorInfo* t = file_.find_tensor(name);
     if (!t) return {};
     std::vector<int64_t> actual(t->ne.begin(), t->ne.begin() + t->n_dims);
+    // Trailing dimensions of 1 are the same shape: converters write some vectors as [n, 1]
+    // (ffn_gate_inp_shexp) that llama.cpp's quantizer later writes as [n].
+    while (actual.size() > shape.size() && actual.back() == 1) actual.pop_back();
     if (actual != shape) {
       fail("{}: tensor '{}': expected shape {}, got {}", file_.path(), name, shape_string(shape),
            shape_string(actual));

@@ -1,0 +1,34 @@
+// `qwenrt run [-m MODEL] -p PROMPT [--no-think] ...`: one question, the streamed answer.
+#include "cli/commands.h"
+#include "cli/session.h"
+
+namespace qwenrt::cli {
+namespace {
+
+struct RunOptions {
+  TurnOptions turn;
+  std::string prompt;
+  std::string system;
+};
+
+int run_run(const RunOptions& opt) {
+  Session session(opt.turn);
+  chat::Json messages = chat::Json::array();
+  if (!opt.system.empty()) messages.push_back({{"role", "system"}, {"content", opt.system}});
+  messages.push_back({{"role", "user"}, {"content", opt.prompt}});
+  session.reply(messages, !opt.turn.no_think);
+  return 0;
+}
+
+}  // namespace
+
+Run add_run(CLI::App& app) {
+  auto opt = std::make_shared<RunOptions>();
+  auto* sub = app.add_subcommand("run", "Answer one prompt, streaming the reply");
+  add_turn_options(sub, opt->turn);
+  sub->add_option("-p,--prompt", opt->prompt, "The user message")->required();
+  sub->add_option("-s,--system", opt->system, "A system message");
+  return [opt] { return run_run(*opt); };
+}
+
+}  // namespace qwenrt::cli

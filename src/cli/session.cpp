@@ -1,0 +1,112 @@
+#include "cli/session.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "chat/prompt.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace qwenrt::cli {
+
+void add_turn_options(CLI::App* sub, TurnOptions& opt) {
+  sub->add_option("-m,--model", opt.model, "GGUF model (default: the embedded tiny chat model)");
+  sub->add_flag("--no-think", opt.no_think, "Answer without thinking (empty think block)");
+  sub->add_flag("--show-thinking", opt.show_thinking, "Print the reasoning (dimmed on a terminal)");
+  sub->add_option("-n,--max-tokens", opt.max_tokens, "Maximum tokens to generate")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--thinking-budget", opt.thinking_budget,
+                  "Tokens of thinking before it is closed");
+  sub->add_option("--stop", opt.stop, "Stop string (repeatable; not printed)");
+  sub->add_option("--temp", opt.sampling.temperature, "Temperature (0 = greedy)");
+  sub->add_option("--top-k", opt.sampling.top_k, "Top-k (0 = off)");
+  sub->add_option("--top-p", opt.sampling.top_p, "Top-p");
+  sub->add_option("--min-p", opt.sampling.min_p, "Min-p");
+  sub->add_option("--presence-penalty", opt.sampling.presence_penalty, "Presence penalty");
+  sub->add_option("--frequency-penalty", opt.sampling.frequency_penalty, "Frequency penalty");
+  sub->add_option("--repeat-penalty", opt.sampling.repetition_penalty, "Repetition penalty");
+  sub->add_option("--seed", opt.sampling.seed, "Random seed");
+  sub->add_option("-c,--ctx-size", opt.n_ctx, "Context size in tokens (default: model's, capped)");
+}
+
+std::string resolve_model(const std::string& model) {
+  if (!model.empty()) return model;
+  // The embedded default: models/ next to the binary's source tree or the working directory.
+  for (const std::string& dir : {std::string(QWENRT_MODELS_DIR), std::string("models")}) {
+    const std::string path = dir + "/qwen35-chat-tiny.Q8_0.gguf";
+    if (std::filesystem::exists(path)) return path;
+  }
+  fail(
+      "no model given (-m) and the embedded default model (models/qwen35-chat-tiny.Q8_0.gguf) "
+      "is not in this build");
+}
+
+Session::Session(const TurnOptions& options) : options_(options) {
+  engine::EngineOptions eo;
+  eo.n_ctx = options.n_ctx;
+  engine_ = engine::Engine::load(resolve_model(options.model), eo);
+  tokenizer_ =
+      std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(engine_->file()));
+  dialect_ = chat::dialect_for(engine_->identity().checkpoint);
+  log(LogLevel::kInfo, "model {} ({}), chat dialect {}", engine_->identity().name,
+      engine_->config().arch_name, chat::dialect_name(dialect_));
+}
+
+chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking) {
+  chat::RenderOptions ro;
+  ro.enable_thinking = thinking;
+  const std::string rendered = chat::render_chat(dialect_, messages, nullptr, ro);
+  const auto prompt = chat::encode_prompt(*tokenizer_, rendered, chat::literal_texts(messages));
+
+  gen::GenerationOptions go;
+  go.max_tokens = options_.max_tokens;
+  go.stop = options_.stop;
+  go.starts_in_thinking = thinking;
+  go.thinking_budget = options_.thinking_budget;
+  go.sampling = sample::resolve(options_.sampling, engine_->identity().checkpoint, thinking);
+
+  const bool tty = isatty(STDOUT_FILENO);
+  chat::ReplyParser parser({.starts_in_reasoning = thinking, .tools = nullptr});
+  bool in_reasoning = false;
+  auto print = [&](const std::vector<chat::ReplyEvent>& events) {
+    for (const auto& e : events) {
+      if (e.kind == chat::ReplyEvent::Kind::kReasoning) {
+        if (!options_.show_thinking && !tty) continue;
+        if (!in_reasoning && tty) std::fputs("\x1b[2m", stdout);
+        in_reasoning = true;
+        std::fputs(e.text.c_str(), stdout);
+      } else {
+        if (in_reasoning) {
+          std::fputs(tty ? "\x1b[0m\n\n" : "\n\n", stdout);
+          in_reasoning = false;
+        }
+        if (e.kind == chat::ReplyEvent::Kind::kContent) {
+          std::fputs(e.text.c_str(), stdout);
+        } else if (e.kind == chat::ReplyEvent::Kind::kToolCall) {
+          std::fputs(fmt::format("\n[tool call{}] {}({})\n", e.call.complete ? "" : " (cut off)",
+                                 e.call.name, e.call.arguments.dump())
+                         .c_str(),
+                     stdout);
+        }
+      }
+    }
+    std::fflush(stdout);
+  };
+  gen::Generator generator(*engine_, *tokenizer_);
+  const auto result =
+      generator.generate(prompt, go, [&](const std::string& text) { print(parser.feed(text)); });
+  print(parser.finish());
+  if (in_reasoning && tty) std::fputs("\x1b[0m", stdout);
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+  fmt::print(stderr, "[prompt {} tokens, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s | {}]\n",
+             result.n_prompt, result.n_prompt / std::max(result.prompt_seconds, 1e-9),
+             result.tokens.size(), result.tokens.size() / std::max(result.generate_seconds, 1e-9),
+             gen::finish_reason_name(result.finish));
+  return parser.result();
+}
+
+}  // namespace qwenrt::cli

@@ -1,0 +1,55 @@
+// What `run` and `chat` share: model resolution, loading, one assistant turn (render, tokenize,
+// generate, stream reasoning / content / tool calls to the terminal) and the speed line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "chat/parse.h"
+#include "chat/render.h"
+#include "engine/engine.h"
+#include "gen/generator.h"
+#include "sample/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qwenrt::cli {
+
+// Options both commands take.
+struct TurnOptions {
+  std::string model;  // empty: the embedded default model
+  bool no_think = false;
+  bool show_thinking = false;
+  int max_tokens = 1024;
+  std::optional<int> thinking_budget;
+  std::vector<std::string> stop;
+  sample::SamplingRequest sampling;
+  int64_t n_ctx = 0;
+};
+
+void add_turn_options(CLI::App* sub, TurnOptions& opt);
+
+// The model path: -m if given, else the embedded default model; Error when neither exists.
+std::string resolve_model(const std::string& model);
+
+class Session {
+ public:
+  explicit Session(const TurnOptions& options);
+
+  // Renders `messages` with the generation prompt, generates, streams to stdout and returns the
+  // parsed reply. Prints prompt / generation speed to stderr.
+  chat::ParsedReply reply(const chat::Json& messages, bool thinking);
+
+  engine::Engine& engine() { return *engine_; }
+  const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
+
+ private:
+  TurnOptions options_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  chat::Dialect dialect_;
+};
+
+}  // namespace qwenrt::cli

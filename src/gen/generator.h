@@ -1,0 +1,57 @@
+// The generation loop over Engine::step: prefill, then sample token by token until <|im_end|> or
+// <|endoftext|>, a user stop string (never emitted), or max tokens; an optional thinking budget
+// closes an open <think> block by forcing "\n</think>\n\n"; text streams out through a callback
+// as whole UTF-8 characters, held back while it could still become a stop string.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "sample/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qwenrt::gen {
+
+enum class FinishReason { kStopToken, kStopString, kLength };
+const char* finish_reason_name(FinishReason reason);
+
+struct GenerationOptions {
+  int max_tokens = 512;                // generated tokens, forced ones included
+  std::vector<std::string> stop;       // stop strings; the text stops before the first one
+  bool starts_in_thinking = false;     // the prompt ends inside an open <think>
+  std::optional<int> thinking_budget;  // tokens allowed inside <think> before it is closed
+  sample::SamplingParams sampling;
+  int slot = 0;             // engine slot; it is reset before the prompt
+  int prefill_chunk = 512;  // prompt tokens per step
+};
+
+struct GenerationResult {
+  std::string text;             // everything emitted (stop string and stop token excluded)
+  std::vector<int32_t> tokens;  // generated ids (forced ones included, stop token excluded)
+  FinishReason finish = FinishReason::kLength;
+  int64_t n_prompt = 0;
+  double prompt_seconds = 0;    // prefill wall time
+  double generate_seconds = 0;  // decode wall time
+};
+
+class Generator {
+ public:
+  Generator(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer);
+
+  // `on_text` receives the text as it becomes final (may be null).
+  GenerationResult generate(const std::vector<int32_t>& prompt, const GenerationOptions& options,
+                            const std::function<void(const std::string&)>& on_text = nullptr);
+
+ private:
+  engine::Engine& engine_;
+  const tokenizer::Tokenizer& tokenizer_;
+  std::vector<int32_t> stop_ids_;
+  std::optional<int32_t> think_end_;
+  std::vector<int32_t> close_thinking_;  // "\n</think>\n\n" as tokens
+};
+
+}  // namespace qwenrt::gen

@@ -1,0 +1,89 @@
+// The qwenrt binary end to end: exit codes, one-line errors, and that the text subcommands print
+// what the modules compute.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include "chat/render.h"
+#include "gguf/reader.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qwenrt {
+namespace {
+
+const std::string kModel =
+    std::string(QWENRT_SOURCE_DIR) + "/tests/fixtures/models/qwen35-dense.Q8_0.gguf";
+
+struct Output {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Output run(const std::string& args) {
+  const std::string err_path = ::testing::TempDir() + "/qwenrt_cli_stderr.txt";
+  const std::string cmd = std::string(QWENRT_BINARY) + " " + args + " 2>" + err_path;
+  Output o;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), n);
+  const int status = pclose(p);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_path);
+  o.err.assign(std::istreambuf_iterator<char>(in), {});
+  return o;
+}
+
+TEST(Cli, TokenizePrintsTheTokenizerIds) {
+  const auto file = gguf::File::open(kModel).value();
+  const auto tok = tokenizer::Tokenizer::from_gguf(file);
+  std::string want;
+  for (int32_t id : tok.encode("Hello <|im_end|> world", false))
+    want += (want.empty() ? "" : " ") + std::to_string(id);
+  const Output o = run("tokenize -m " + kModel + " 'Hello <|im_end|> world'");
+  EXPECT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(o.out, want + "\n");
+  const Output special = run("tokenize -m " + kModel + " --special '<|im_end|>'");
+  EXPECT_EQ(special.out, std::to_string(*tok.token_id("<|im_end|>")) + "\n");
+}
+
+TEST(Cli, TemplatePrintsTheRenderExactly) {
+  const std::string path = ::testing::TempDir() + "/qwenrt_cli_messages.json";
+  std::ofstream(path)
+      << R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])";
+  const Output o = run("template -m " + kModel + " --messages " + path + " --no-think");
+  EXPECT_EQ(o.code, 0) << o.err;
+  chat::RenderOptions ro;
+  ro.enable_thinking = false;
+  const auto messages = chat::Json::parse(
+      R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])");
+  EXPECT_EQ(o.out, chat::render_chat(chat::Dialect::kQwen35, messages, nullptr, ro));
+  EXPECT_NE(o.out.find("<think>\n\n</think>\n\n"), std::string::npos);
+}
+
+TEST(Cli, RunGeneratesAndReportsSpeed) {
+  const Output o = run("run -m " + kModel + " -p 'What is 2 + 2?' -n 8 --temp 0 --no-think");
+  EXPECT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.err.find("tok/s"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("generated"), std::string::npos) << o.err;
+}
+
+TEST(Cli, ErrorsAreOneLineWithExitCodeOne) {
+  for (const std::string& args :
+       std::vector<std::string>{"info /nonexistent.gguf", "run -m /nonexistent.gguf -p hi",
+                                "logits -m " + kModel + " --ids 1,x --out /dev/null",
+                                "logits -m " + kModel + " --ids 5000 --out /dev/null"}) {
+    const Output o = run(args);
+    EXPECT_EQ(o.code, 1) << args << "\n" << o.err;
+    EXPECT_EQ(o.err.rfind("qwenrt: error: ", 0), 0u) << args << "\n" << o.err;
+    EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << args << "\n" << o.err;
+  }
+}
+
+}  // namespace
+}  // namespace qwenrt
