@@ -30,9 +30,9 @@ class PreTokenizer {
   PreTokenizer(PreTokenizer&&) noexcept;
   PreTokenizer& operator=(PreTokenizer&&) noexcept;
 
-  // Calls on_piece(piece) for each consecutive piece of `text`, which must be valid UTF-8 (it is
-  // matched with PCRE2_NO_UTF_CHECK). Text between matches, if the pattern ever skipped any, is a
-  // piece of its own, as in HF's Split(behavior = isolated). Thread-safe.
+  // Calls on_piece(piece) for each consecutive piece of `text`; throws Error if `text` is not valid
+  // UTF-8 (Tokenizer::encode repairs it first). Text between matches, if the pattern ever skipped
+  // any, is a piece of its own, as in HF's Split(behavior = isolated). Thread-safe.
   template <class OnPiece>
   void split(std::string_view text, OnPiece&& on_piece) const {
     split_impl(text, &on_piece,
