@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tokenizer/nfc_tables.h"

@@ -1,7 +1,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
-#include <cstring>
+#include <array>
 
 #include "core/error.h"
 #include "tokenizer/byte_level.h"
