@@ -74,10 +74,12 @@ TEST(Cli, RunGeneratesAndReportsSpeed) {
 }
 
 TEST(Cli, ErrorsAreOneLineWithExitCodeOne) {
-  for (const std::string& args :
-       std::vector<std::string>{"info /nonexistent.gguf", "run -m /nonexistent.gguf -p hi",
-                                "logits -m " + kModel + " --ids 1,x --out /dev/null",
-                                "logits -m " + kModel + " --ids 5000 --out /dev/null"}) {
+  for (const std::string& args : std::vector<std::string>{
+           "info /nonexistent.gguf", "run -m /nonexistent.gguf -p hi",
+           "logits -m " + kModel + " --ids 1,x --out /dev/null",
+           "logits -m " + kModel + " --ids 5000 --out /dev/null",
+           "run -m " + kModel + " -p \"$(printf 'bad \\377 byte')\"",
+           "run -m " + kModel + " -c 8 -p 'longer than eight tokens, surely'"}) {
     const Output o = run(args);
     EXPECT_EQ(o.code, 1) << args << "\n" << o.err;
     EXPECT_EQ(o.err.rfind("qwenrt: error: ", 0), 0u) << args << "\n" << o.err;

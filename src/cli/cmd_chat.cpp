@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "tokenizer/utf8.h"
 
 namespace qwenrt::cli {
 namespace {
@@ -42,6 +43,7 @@ std::optional<std::string> read_message(bool tty) {
 }
 
 int run_chat(const ChatOptions& opt) {
+  require_utf8(opt.system, "the system message");
   Session session(opt.turn);
   const bool tty = isatty(STDIN_FILENO);
   bool thinking = !opt.turn.no_think;
@@ -68,6 +70,10 @@ int run_chat(const ChatOptions& opt) {
       continue;
     }
     if (text.empty()) continue;
+    if (!tokenizer::is_valid_utf8(text)) {
+      std::puts("(that message is not valid UTF-8; not sent)");
+      continue;
+    }
     if (text[0] == '/') {
       std::printf("unknown command %s (try /reset, /think on|off, /exit)\n", text.c_str());
       continue;

@@ -12,6 +12,8 @@ struct RunOptions {
 };
 
 int run_run(const RunOptions& opt) {
+  require_utf8(opt.prompt, "the prompt");
+  require_utf8(opt.system, "the system message");
   Session session(opt.turn);
   chat::Json messages = chat::Json::array();
   if (!opt.system.empty()) messages.push_back({{"role", "system"}, {"content", opt.system}});

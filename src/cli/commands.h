@@ -16,5 +16,7 @@ Run add_run(CLI::App& app);
 Run add_chat(CLI::App& app);
 Run add_tokenize(CLI::App& app);
 Run add_template(CLI::App& app);
+Run add_synth(CLI::App& app);
+Run add_perplexity(CLI::App& app);
 
 }  // namespace qwenrt::cli

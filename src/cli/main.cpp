@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   add(&qwenrt::cli::add_logits);
   add(&qwenrt::cli::add_tokenize);
   add(&qwenrt::cli::add_template);
+  add(&qwenrt::cli::add_synth);
+  add(&qwenrt::cli::add_perplexity);
 
   CLI11_PARSE(app, argc, argv);
   try {

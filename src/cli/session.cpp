@@ -9,6 +9,7 @@
 #include "chat/prompt.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "tokenizer/utf8.h"
 
 namespace qwenrt::cli {
 
@@ -30,6 +31,16 @@ void add_turn_options(CLI::App* sub, TurnOptions& opt) {
   sub->add_option("--repeat-penalty", opt.sampling.repetition_penalty, "Repetition penalty");
   sub->add_option("--seed", opt.sampling.seed, "Random seed");
   sub->add_option("-c,--ctx-size", opt.n_ctx, "Context size in tokens (default: model's, capped)");
+}
+
+void require_utf8(std::string_view text, std::string_view what) {
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t n = tokenizer::utf8_sequence_length(text, pos);
+    if (n == 0)
+      fail("{} is not valid UTF-8 (byte {:#04x} at offset {})", what,
+           static_cast<uint8_t>(text[pos]), pos);
+    pos += n;
+  }
 }
 
 std::string resolve_model(const std::string& model) {

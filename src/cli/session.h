@@ -31,6 +31,9 @@ struct TurnOptions {
 
 void add_turn_options(CLI::App* sub, TurnOptions& opt);
 
+// Error naming `what` and the offset of the first invalid byte unless `text` is valid UTF-8.
+void require_utf8(std::string_view text, std::string_view what);
+
 // The model path: -m if given, else the embedded default model; Error when neither exists.
 std::string resolve_model(const std::string& model);
 
