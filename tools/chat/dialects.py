@@ -1,6 +1,7 @@
 """The chat templates the parity checks render with, per dialect.
 
-qwen3.5 is the official template, read from shared/fixtures/qwen3.5-chat-template.jinja.
+qwen3.5 is the official template, committed as tests/fixtures/chat/qwen3.5-chat-template.jinja (a
+byte-identical copy of shared/fixtures/qwen3.5-chat-template.jinja, so a clean clone has it).
 No official Qwen3.6 or Qwen3.8 template exists in this repository, so those two are DERIVED here
 from the 3.5 text by exact, asserted substitutions, one per difference we implement (SPEC.md
 "Tokenizer and chat", and for the 3.8 wording tools/chat/README.md). They check that the C++
@@ -18,8 +19,9 @@ TEMPLATE_NAME = "qwen3.5-chat-template.jinja"
 
 
 def find_official_template() -> Path:
-    """shared/ sits inside the checkout or beside it (CI lays it beside)."""
-    for candidate in (REPO / "shared" / "fixtures" / TEMPLATE_NAME,
+    """The committed copy; shared/ (inside the checkout or beside it) as a fallback."""
+    for candidate in (REPO / "tests" / "fixtures" / "chat" / TEMPLATE_NAME,
+                      REPO / "shared" / "fixtures" / TEMPLATE_NAME,
                       REPO.parent / "shared" / "fixtures" / TEMPLATE_NAME):
         if candidate.is_file():
             return candidate
