@@ -27,8 +27,8 @@ void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, in
 // The layer loop and the head, for any FFN kind: ffn(ctx, ffn_weights, x, out) writes
 // out [n, n_embd] from the normed x.
 template <class Ffn, class FfnFn>
-void run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn ffn,
-               float* logits) {
+void run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn ffn, float* logits,
+               float* hidden_out) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
   const int64_t n = ctx.batch.n, e = c.n_embd;
@@ -55,9 +55,43 @@ void run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn
   for (int64_t i = 0; i < m; ++i)
     ops.copy_2d(x + ctx.batch.logit_rows[i] * e, e, last + i * e, e, 1, e);
   ops.rmsnorm(last, w.output_norm, last, m, e, c.rms_eps);
+  if (hidden_out) ops.download(last, hidden_out, m * e);
   float* out = ops.alloc(m * c.n_vocab);
   ops.matmul(w.output, last, out, m);
   ops.download(out, logits, m * c.n_vocab);
+}
+
+// The MTP block (SPEC.md "MTP head"): x = eh_proj [enorm(embed(next)); hnorm(hidden)], one gated
+// attention layer (state layer n_layer) and FFN with residuals anchored on x, then the head.
+template <class Ffn, class FfnFn>
+void run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, FfnFn ffn,
+             const float* hidden_host, float* logits) {
+  ops::Ops& ops = ctx.ops;
+  const model::Config& c = ctx.config;
+  const int64_t n = ctx.batch.n, e = c.n_embd;
+  float* embed = ops.alloc(n * e);
+  float* hidden = ops.alloc(n * e);
+  float* both = ops.alloc(n * 2 * e);
+  ops.embed_rows(w.embed, ctx.batch.tokens, embed, n);
+  ops.upload(hidden_host, hidden, n * e);
+  ops.rmsnorm(embed, w.enorm, embed, n, e, c.rms_eps);
+  ops.rmsnorm(hidden, w.hnorm, hidden, n, e, c.rms_eps);
+  ops.copy_2d(embed, e, both, 2 * e, n, e);  // the embedding is the low half
+  ops.copy_2d(hidden, e, both + e, 2 * e, n, e);
+  float* x = ops.alloc(n * e);
+  float* h = ops.alloc(n * e);
+  float* mixed = ops.alloc(n * e);
+  ops.matmul(w.eh_proj, both, x, n);
+  ops.rmsnorm(x, w.attn_norm, h, n, e, c.rms_eps);
+  attention_block(ctx, w.attn, c.n_layer, h, mixed);
+  ops.add(x, mixed, x, n * e);
+  ops.rmsnorm(x, w.post_attn_norm, h, n, e, c.rms_eps);
+  ffn(ctx, w.ffn, h, mixed);
+  ops.add(x, mixed, x, n * e);
+  ops.rmsnorm(x, w.head_norm, x, n, e, c.rms_eps);
+  float* out = ops.alloc(n * c.n_vocab);
+  ops.matmul(w.head, x, out, n);
+  ops.download(out, logits, n * c.n_vocab);
 }
 
 }  // namespace qwenrt::arch

@@ -1,5 +1,6 @@
 // qwen35: the dense hybrid (Qwen3.6-27B, Qwen3.8-27B and the small Qwen3.5 models).
 #include "arch/blocks.h"
+#include "core/error.h"
 
 namespace qwenrt::arch {
 namespace {
@@ -22,9 +23,15 @@ class Qwen35 final : public Model {
   Qwen35(const gguf::File& file, const model::Config& config)
       : config_(config), weights_(model::bind_qwen35(file, config)) {}
   const model::Config& config() const override { return config_; }
-  void forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch,
-               float* logits) override {
-    run_trunk(BlockContext{ops, config_, batch, states}, weights_, dense_ffn, logits);
+  void forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch, float* logits,
+               float* hidden) override {
+    run_trunk(BlockContext{ops, config_, batch, states}, weights_, dense_ffn, logits, hidden);
+  }
+  bool has_mtp() const override { return weights_.mtp.has_value(); }
+  void mtp_forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch,
+                   const float* hidden, float* logits) override {
+    if (!weights_.mtp) fail("this model has no MTP block");
+    run_mtp(BlockContext{ops, config_, batch, states}, *weights_.mtp, dense_ffn, hidden, logits);
   }
 
  private:

@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "arch/blocks.h"
+#include "core/error.h"
 
 namespace qwenrt::arch {
 namespace {
@@ -38,9 +39,15 @@ class Qwen35Moe final : public Model {
   Qwen35Moe(const gguf::File& file, const model::Config& config)
       : config_(config), weights_(model::bind_qwen35moe(file, config)) {}
   const model::Config& config() const override { return config_; }
-  void forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch,
-               float* logits) override {
-    run_trunk(BlockContext{ops, config_, batch, states}, weights_, moe_ffn, logits);
+  void forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch, float* logits,
+               float* hidden) override {
+    run_trunk(BlockContext{ops, config_, batch, states}, weights_, moe_ffn, logits, hidden);
+  }
+  bool has_mtp() const override { return weights_.mtp.has_value(); }
+  void mtp_forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch,
+                   const float* hidden, float* logits) override {
+    if (!weights_.mtp) fail("this model has no MTP block");
+    run_mtp(BlockContext{ops, config_, batch, states}, *weights_.mtp, moe_ffn, hidden, logits);
   }
 
  private:

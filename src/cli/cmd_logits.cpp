@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "io/npy.h"
+#include "tokenizer/tokenizer.h"
 
 namespace qwenrt::cli {
 namespace {
@@ -19,6 +20,7 @@ struct LogitsOptions {
   std::string out;
   bool decode = false;
   std::string deltanet = "auto";
+  std::string mtp_out;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -51,31 +53,55 @@ int run_logits(const LogitsOptions& opt) {
   } else if (opt.deltanet != "auto") {
     fail("--deltanet: expected auto, recurrent or chunked, got '{}'", opt.deltanet);
   }
-  if (!opt.prompt.empty()) {
-    fail("--prompt needs the tokenizer, which this build does not have yet; pass --ids");
-  }
-  const std::vector<int32_t> ids = parse_ids(opt.ids);
   auto engine = engine::Engine::load(opt.model, eo);
+  std::vector<int32_t> ids;
+  if (!opt.prompt.empty()) {
+    // Control tokens in the text are parsed, so a rendered chat prompt tokenizes as the model saw
+    // it.
+    ids = tokenizer::Tokenizer::from_gguf(engine->file()).encode(opt.prompt, true);
+    if (ids.empty()) fail("--prompt: the text has no tokens");
+  } else {
+    ids = parse_ids(opt.ids);
+  }
   const int64_t n_vocab = engine->config().n_vocab;
   if (static_cast<int64_t>(ids.size()) > engine->states().n_ctx()) {
     fail("{} tokens exceed the context of {}", ids.size(), engine->states().n_ctx());
   }
-  std::vector<float> all;
+  if (!opt.mtp_out.empty() && !engine->has_mtp()) fail("--mtp-out: {} has no MTP block", opt.model);
+  std::vector<float> all, hidden;
   all.reserve(ids.size() * n_vocab);
   if (opt.decode) {
     for (size_t i = 0; i < ids.size(); ++i) {
       engine::Batch b;
       b.add(0, ids[i], static_cast<int32_t>(i), true);
-      auto l = engine->step(b);
-      all.insert(all.end(), l.begin(), l.end());
+      auto out = engine->step_with_hidden(b);
+      all.insert(all.end(), out.logits.begin(), out.logits.end());
+      hidden.insert(hidden.end(), out.hidden.begin(), out.hidden.end());
     }
   } else {
     engine::Batch b;
     for (size_t i = 0; i < ids.size(); ++i) b.add(0, ids[i], static_cast<int32_t>(i), true);
-    all = engine->step(b);
+    auto out = engine->step_with_hidden(b);
+    all = std::move(out.logits);
+    hidden = std::move(out.hidden);
   }
   write_npy_f32(opt.out, all.data(), {static_cast<int64_t>(ids.size()), n_vocab});
   fmt::print(stderr, "qwenrt: wrote logits [{}, {}] to {}\n", ids.size(), n_vocab, opt.out);
+  if (!opt.mtp_out.empty() && ids.size() > 1) {
+    // Row p: the MTP draft for position p + 2 from the hidden state at p and the token at p + 1.
+    const int64_t n_embd = engine->config().n_embd, rows = static_cast<int64_t>(ids.size()) - 1;
+    engine::MtpBatch m;
+    for (int64_t p = 0; p < rows; ++p) {
+      m.slots.push_back(0);
+      m.tokens.push_back(ids[p + 1]);
+      m.positions.push_back(static_cast<int32_t>(p));
+    }
+    m.hidden.assign(hidden.begin(), hidden.begin() + rows * n_embd);
+    const auto drafts = engine->mtp_step(m);
+    write_npy_f32(opt.mtp_out, drafts.data(), {rows, n_vocab});
+    fmt::print(stderr, "qwenrt: wrote MTP draft logits [{}, {}] to {}\n", rows, n_vocab,
+               opt.mtp_out);
+  }
   return 0;
 }
 
@@ -93,6 +119,9 @@ Run add_logits(CLI::App& app) {
   sub->add_option("--out", opt->out, "Output .npy file")->required();
   sub->add_flag("--decode", opt->decode, "Feed one token per step instead of one prefill");
   sub->add_option("--deltanet", opt->deltanet, "DeltaNet prefill form: auto, recurrent or chunked");
+  sub->add_option("--mtp-out", opt->mtp_out,
+                  "Also write the MTP block's draft logits [n_tokens - 1, n_vocab]: row p drafts "
+                  "position p + 2");
   sub->callback([ids, prompt] {
     if (ids->count() == 0 && prompt->count() == 0)
       throw CLI::ValidationError("--ids or --prompt is required");

@@ -30,21 +30,23 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx);
 }
 
-std::vector<float> Engine::step(const Batch& batch) {
-  const size_t n = batch.size();
-  if (n == 0) return {};
-  if (batch.positions.size() != n || batch.slots.size() != n || batch.want_logits.size() != n) {
-    fail("batch: tokens, positions, slots and want_logits must have the same length");
+arch::ForwardBatch Engine::plan(const std::vector<int32_t>& tokens,
+                                const std::vector<int32_t>& positions,
+                                const std::vector<int32_t>& slots,
+                                int64_t (*next)(const state::SequenceState&)) {
+  const size_t n = tokens.size();
+  if (positions.size() != n || slots.size() != n) {
+    fail("batch: tokens, positions and slots must have the same length");
   }
   arch::ForwardBatch fb;
-  fb.tokens = batch.tokens.data();
-  fb.positions = batch.positions.data();
+  fb.tokens = tokens.data();
+  fb.positions = positions.data();
   fb.n = static_cast<int64_t>(n);
   fb.deltanet_mode = options_.deltanet_mode;
   std::vector<int> seen;
   for (size_t i = 0; i < n; ++i) {
-    const int slot = batch.slots[i];
-    const int32_t token = batch.tokens[i];
+    const int slot = slots[i];
+    const int32_t token = tokens[i];
     if (token < 0 || token >= config_.n_vocab) {
       fail("batch row {}: token id {} is outside the vocabulary of {} tokens", i, token,
            config_.n_vocab);
@@ -57,23 +59,58 @@ std::vector<float> Engine::step(const Batch& batch) {
       fb.spans.push_back({slot, static_cast<int64_t>(i), 0});
     }
     arch::SeqSpan& span = fb.spans.back();
-    const int64_t expected = states_->slot(slot).n_tokens + span.count;
-    if (batch.positions[i] != expected) {
-      fail("batch row {}: slot {} expects position {}, got {}", i, slot, expected,
-           batch.positions[i]);
+    const int64_t expected = next(states_->slot(slot)) + span.count;
+    if (positions[i] != expected) {
+      fail("batch row {}: slot {} expects position {}, got {}", i, slot, expected, positions[i]);
     }
     if (expected >= states_->n_ctx()) {
       fail("batch row {}: slot {} would hold {} tokens, the context is {}", i, slot, expected + 1,
            states_->n_ctx());
     }
     ++span.count;
+  }
+  return fb;
+}
+
+StepOutput Engine::step_with_hidden(const Batch& batch) {
+  if (batch.size() == 0) return {};
+  if (batch.want_logits.size() != batch.size()) {
+    fail("batch: tokens, positions, slots and want_logits must have the same length");
+  }
+  arch::ForwardBatch fb = plan(batch.tokens, batch.positions, batch.slots,
+                               [](const state::SequenceState& s) { return s.n_tokens; });
+  for (size_t i = 0; i < batch.size(); ++i) {
     if (batch.want_logits[i]) fb.logit_rows.push_back(static_cast<int64_t>(i));
   }
-  std::vector<float> logits(fb.logit_rows.size() * config_.n_vocab);
+  StepOutput out;
+  out.logits.resize(fb.logit_rows.size() * config_.n_vocab);
+  out.hidden.resize(fb.logit_rows.size() * config_.n_embd);
   ops_->reset_workspace();
-  model_->forward(*ops_, *states_, fb, logits.data());
+  model_->forward(*ops_, *states_, fb, out.logits.data(), out.hidden.data());
   ops_->reset_workspace();
   for (const auto& span : fb.spans) states_->slot(span.slot).n_tokens += span.count;
+  return out;
+}
+
+std::vector<float> Engine::step(const Batch& batch) {
+  return step_with_hidden(batch).logits;
+}
+
+std::vector<float> Engine::mtp_step(const MtpBatch& batch) {
+  if (!model_->has_mtp()) fail("{}: the model has no MTP block", file_.path());
+  const size_t n = batch.tokens.size();
+  if (n == 0) return {};
+  if (batch.hidden.size() != n * config_.n_embd) {
+    fail("MTP batch: {} hidden values for {} rows of {}", batch.hidden.size(), n, config_.n_embd);
+  }
+  arch::ForwardBatch fb = plan(batch.tokens, batch.positions, batch.slots,
+                               [](const state::SequenceState& s) { return s.n_mtp_tokens; });
+  for (size_t i = 0; i < n; ++i) fb.logit_rows.push_back(static_cast<int64_t>(i));
+  std::vector<float> logits(n * config_.n_vocab);
+  ops_->reset_workspace();
+  model_->mtp_forward(*ops_, *states_, fb, batch.hidden.data(), logits.data());
+  ops_->reset_workspace();
+  for (const auto& span : fb.spans) states_->slot(span.slot).n_mtp_tokens += span.count;
   return logits;
 }
 

@@ -36,6 +36,21 @@ struct Batch {
   size_t size() const { return tokens.size(); }
 };
 
+// Rows for the MTP block: row i drafts position p + 2 of slot slots[i] from the trunk's hidden
+// state at p (hidden, n_embd floats a row) and the token at p + 1; positions are the MTP block's
+// own, continuing from the slot's n_mtp_tokens.
+struct MtpBatch {
+  std::vector<int32_t> slots;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> positions;
+  std::vector<float> hidden;
+};
+
+struct StepOutput {
+  std::vector<float> logits;  // [rows wanting logits, n_vocab]
+  std::vector<float> hidden;  // [rows wanting logits, n_embd]: after output_norm (MTP input)
+};
+
 class Engine {
  public:
   // Opens, validates and binds the model; Error on anything wrong with the file.
@@ -48,9 +63,20 @@ class Engine {
 
   // Runs one batch; returns logits [rows wanting logits, n_vocab] in batch order.
   std::vector<float> step(const Batch& batch);
+  // The same, also returning the final hidden states of those rows.
+  StepOutput step_with_hidden(const Batch& batch);
+
+  bool has_mtp() const { return model_->has_mtp(); }
+  // Runs the MTP block; returns draft logits [rows, n_vocab]. Error if the model has none.
+  std::vector<float> mtp_step(const MtpBatch& batch);
 
  private:
   Engine(gguf::File file, const EngineOptions& options);
+  // Checks rows (slot, token, position) and groups them into spans; `next` gives each slot's
+  // next expected position.
+  arch::ForwardBatch plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
+                          const std::vector<int32_t>& slots,
+                          int64_t (*next)(const state::SequenceState&));
 
   gguf::File file_;
   model::Config config_;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "quant/quant.h"
 
 namespace qwenrt::model {
@@ -140,6 +141,32 @@ ModelWeights<Ffn> bind(const gguf::File& file, const Config& c, BindFfn bind_ffn
     }
     layer.ffn = bind_ffn(b, c, il);
     w.layers.push_back(std::move(layer));
+  }
+  const int il = c.n_layer;  // the first MTP block follows the trunk
+  if (c.n_layer_nextn > 0) {
+    const Weight eh_proj =
+        b.find(blk(il, "nextn.eh_proj.weight"), {2 * int64_t{c.n_embd}, c.n_embd}, Kind::kMatrix);
+    if (eh_proj.present()) {
+      MtpWeights<Ffn> m;
+      m.eh_proj = eh_proj;
+      m.enorm = b.get(blk(il, "nextn.enorm.weight"), {c.n_embd}, Kind::kF32);
+      m.hnorm = b.get(blk(il, "nextn.hnorm.weight"), {c.n_embd}, Kind::kF32);
+      m.embed = b.find(blk(il, "nextn.embed_tokens.weight"), {c.n_embd, c.n_vocab}, Kind::kMatrix);
+      if (!m.embed.present()) m.embed = w.token_embd;
+      m.head_norm = b.find(blk(il, "nextn.shared_head_norm.weight"), {c.n_embd}, Kind::kF32);
+      if (!m.head_norm.present()) m.head_norm = w.output_norm;
+      m.head =
+          b.find(blk(il, "nextn.shared_head_head.weight"), {c.n_embd, c.n_vocab}, Kind::kMatrix);
+      if (!m.head.present()) m.head = w.output;
+      m.attn_norm = b.get(blk(il, "attn_norm.weight"), {c.n_embd}, Kind::kF32);
+      m.post_attn_norm = b.get(blk(il, "post_attention_norm.weight"), {c.n_embd}, Kind::kF32);
+      m.attn = bind_attention(b, c, il);
+      m.ffn = bind_ffn(b, c, il);
+      w.mtp = std::move(m);
+    } else {
+      log(LogLevel::kInfo, "{}: {} MTP block(s) declared but '{}' is absent; no MTP drafts",
+          file.path(), c.n_layer_nextn, blk(il, "nextn.eh_proj.weight"));
+    }
   }
   return w;
 }

@@ -2,6 +2,7 @@
 // Tensors stay in the mapped file (no copy); backends place them where they compute.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -72,19 +73,36 @@ struct Layer {
   Ffn ffn;
 };
 
+// The MTP (nextn) block stored as blk.{n_layer}: x = eh_proj [enorm(embed(t+1)); hnorm(h_t)],
+// then one gated-attention layer with its own KV and the model's FFN kind, then the head.
+template <class Ffn>
+struct MtpWeights {
+  Weight eh_proj;    // nextn.eh_proj [2 * n_embd, n_embd]: embedding half first
+  Weight enorm;      // nextn.enorm [n_embd] F32
+  Weight hnorm;      // nextn.hnorm [n_embd] F32
+  Weight embed;      // nextn.embed_tokens, else token_embd
+  Weight head_norm;  // nextn.shared_head_norm, else output_norm
+  Weight head;       // nextn.shared_head_head, else the model's output head
+  Weight attn_norm;
+  Weight post_attn_norm;
+  AttentionWeights attn;
+  Ffn ffn;
+};
+
 template <class Ffn>
 struct ModelWeights {
   Weight token_embd;   // [n_embd, n_vocab]
   Weight output_norm;  // [n_embd] F32
   Weight output;       // [n_embd, n_vocab]; token_embd when the file has no output.weight
   std::vector<Layer<Ffn>> layers;
+  std::optional<MtpWeights<Ffn>> mtp;  // when the file has the MTP block
 };
 
 using Qwen35Weights = ModelWeights<DenseFfnWeights>;
 using Qwen35MoeWeights = ModelWeights<MoeFfnWeights>;
 
-// Binds and checks every trunk tensor (MTP blocks are not bound here).
-// Error: "<file>: tensor 'blk.3.attn_q.weight': expected shape [256, 1024], got [256, 512]".
+// Binds and checks every trunk tensor, and the first MTP block when the file declares and holds
+// one. Error: "<file>: tensor 'blk.3.attn_q.weight': expected shape [256, 1024], got [256, 512]".
 Qwen35Weights bind_qwen35(const gguf::File& file, const Config& config);
 Qwen35MoeWeights bind_qwen35moe(const gguf::File& file, const Config& config);
 

@@ -27,9 +27,10 @@ const SequenceState& StateStore::slot(int index) const {
 void StateStore::reset(int index) {
   SequenceState& s = slot(index);
   s.n_tokens = 0;
-  s.layers.assign(config_.n_layer, {});
+  s.n_mtp_tokens = 0;
+  s.layers.assign(config_.n_layer + config_.n_layer_nextn, {});
   for (int il = 0; il < config_.n_layer; ++il) {
-    if (config_.is_attention_layer(il)) continue;
+    if (config_.is_attention_layer(il)) continue;  // KV rows grow as tokens arrive
     s.layers[il].conv.assign(int64_t{config_.conv_kernel - 1} * config_.conv_channels(), 0.0f);
     s.layers[il].delta.assign(
         int64_t{config_.ssm_v_heads} * config_.ssm_head_dim * config_.ssm_head_dim, 0.0f);
@@ -37,8 +38,9 @@ void StateStore::reset(int index) {
 }
 
 void StateStore::restore(int index, const Snapshot& snapshot) {
-  if (snapshot.layers.size() != static_cast<size_t>(config_.n_layer)) {
-    fail("state: snapshot has {} layers, model has {}", snapshot.layers.size(), config_.n_layer);
+  if (snapshot.layers.size() != static_cast<size_t>(config_.n_layer + config_.n_layer_nextn)) {
+    fail("state: snapshot has {} layers, model has {}", snapshot.layers.size(),
+         config_.n_layer + config_.n_layer_nextn);
   }
   slot(index) = snapshot;
 }

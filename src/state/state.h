@@ -20,8 +20,9 @@ struct LayerState {
 };
 
 struct SequenceState {
-  int64_t n_tokens = 0;  // tokens consumed so far (the next position)
-  std::vector<LayerState> layers;
+  int64_t n_tokens = 0;            // tokens consumed so far (the next position)
+  int64_t n_mtp_tokens = 0;        // positions the MTP block has seen (its KV rows)
+  std::vector<LayerState> layers;  // trunk layers, then the MTP blocks' attention
 };
 
 // A saved copy of one slot's state.
