@@ -12,7 +12,9 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DQWENRT_SANITIZE=ON -DQWENRT_FUZZ=ON >/dev/null
 ninja -C build-asan
-ctest --test-dir build-asan --output-on-failure -j"$(nproc)"
+# The 10k-string tokenizer parity sweep compares ids with HF, which the plain run already does; under
+# ASan it would take most of CI's time, so the sanitizer job runs the C++ tokenizer tests only.
+ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -E '^py\.tokenizer_parity$'
 
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
