@@ -220,6 +220,29 @@ TEST(SynthVocab, SmallVocabularyPutsAddedTokensLast) {
   EXPECT_THROW(model::synthetic_tokenizer(200, 1), Error);
 }
 
+model::SynthSpec direct_spec(Arch arch);
+
+TEST(SynthVocab, VocabFromCopiesAnotherFilesTokenizer) {
+  const auto tok = model::synthetic_tokenizer(1000, 9);
+  const std::string vocab = write_vocab_only(tok, "synth_vocab_from.gguf");
+  model::SynthSpec spec = direct_spec(Arch::kQwen35);
+  spec.config.n_vocab = 1000;
+  spec.vocab_from = vocab;
+  spec.chat_template = "{{ messages }}";
+  const std::string path = testing_support::temp_path("synth_vocab_from_model.gguf");
+  model::write_synthetic(spec, path);
+  const auto file = gguf::File::open(path).value();
+  const gguf::Array* tokens = file.get_array("tokenizer.ggml.tokens");
+  ASSERT_NE(tokens, nullptr);
+  ASSERT_EQ(tokens->items.size(), 1000u);
+  EXPECT_EQ(tokens->items[500].as_string(), tok.tokens[500]);
+  EXPECT_EQ(file.get_string("tokenizer.chat_template"), "{{ messages }}");
+  EXPECT_EQ(tokenizer::Tokenizer::from_gguf(file).token_id("<|im_end|>"), tok.eos_id);
+
+  spec.config.n_vocab = 512;  // the vocabulary must cover the embedding rows exactly
+  EXPECT_THROW(model::write_synthetic(spec, path), Error);
+}
+
 // ---- direct quant blocks -----------------------------------------------------------------------
 
 // A small config whose widths suit every type (K-quant rows are multiples of 256).
