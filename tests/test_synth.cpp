@@ -53,7 +53,7 @@ DType type_of(Kind kind, const std::string& quant) {
 // SPEC.md: 27B = 64 layers, hidden 5120, 24 Q / 4 KV heads of 256, DeltaNet 16 K / 48 V heads of
 // 128, FFN 17408; 35B-A3B = 40 layers, hidden 2048, 16 / 2 heads, DeltaNet 16 / 32 heads, 256
 // experts of 512 and a shared expert of 512. Vocabulary 248320 rows.
-Table official_table(bool moe, const std::string& quant, int n_layer) {
+Table official_table(bool moe, const std::string& quant, int n_layer, bool mtp = false) {
   Table t;
   auto add = [&](const std::string& name, std::vector<int64_t> ne, Kind kind) {
     t[name] = {std::move(ne), type_of(kind, quant)};
@@ -64,11 +64,17 @@ Table official_table(bool moe, const std::string& quant, int n_layer) {
   add("token_embd.weight", {e, 248320}, kEmbd);
   add("output.weight", {e, 248320}, kOutput);
   add("output_norm.weight", {e}, kF32);
-  for (int il = 0; il < n_layer; ++il) {
+  for (int il = 0; il < n_layer + (mtp ? 1 : 0); ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
     add(p + "attn_norm.weight", {e}, kF32);
     add(p + "post_attention_norm.weight", {e}, kF32);
-    if ((il + 1) % 4 == 0) {
+    if (il == n_layer) {  // the MTP block: full attention, the trunk's FFN, the nextn tensors
+      add(p + "nextn.eh_proj.weight", {2 * e, e}, kAttn);
+      add(p + "nextn.enorm.weight", {e}, kF32);
+      add(p + "nextn.hnorm.weight", {e}, kF32);
+      add(p + "nextn.shared_head_norm.weight", {e}, kF32);
+    }
+    if ((il + 1) % 4 == 0 || il == n_layer) {
       add(p + "attn_q.weight", {e, 2 * q_heads * 256}, kAttn);
       add(p + "attn_k.weight", {e, kv_heads * 256}, kAttn);
       add(p + "attn_v.weight", {e, kv_heads * 256}, kAttn);
@@ -139,6 +145,16 @@ TEST(SynthTable, FullSizeTablesMatchTheOfficialLayout) {
       expect_table(model::synth_tensor_table(spec),
                    official_table(like.moe, quant, spec.config.n_layer));
     }
+  }
+}
+
+TEST(SynthTable, MtpAddsOneNextnBlock) {
+  for (const Like& like : kLikes) {
+    SCOPED_TRACE(like.name);
+    const auto spec = model::synth_spec_like(like.name, "Q4_K_M", 0, /*mtp=*/true);
+    EXPECT_EQ(spec.config.n_layer_nextn, 1);
+    expect_table(model::synth_tensor_table(spec),
+                 official_table(like.moe, "Q4_K_M", spec.config.n_layer, /*mtp=*/true));
   }
 }
 
@@ -373,6 +389,35 @@ TEST(SynthBlocks, FullDepthStaysFinite) {
     const double sd = std::sqrt(sum2 / logits.size() - mean * mean);
     EXPECT_GT(sd, 0.5);
     EXPECT_LT(sd, 2.0);
+  }
+}
+
+TEST(SynthBlocks, MtpBlockLoadsAndDrafts) {
+  for (const Arch arch : {Arch::kQwen35, Arch::kQwen35Moe}) {
+    model::SynthSpec spec = direct_spec(arch);
+    spec.config.n_layer_nextn = 1;
+    spec.converter_keys = true;
+    const std::string path = testing_support::temp_path("synth_mtp.gguf");
+    model::write_synthetic(spec, path);
+    auto e = engine::Engine::load(path);
+    EXPECT_EQ(e->config().n_layer, 4);
+    EXPECT_EQ(e->config().n_layer_nextn, 1);
+    ASSERT_TRUE(e->has_mtp());
+    const std::vector<int32_t> ids = {5, 77, 300, 41};
+    engine::Batch b;
+    for (int i = 0; i < 4; ++i) b.add(0, ids[i], i, true);
+    const auto out = e->step_with_hidden(b);
+    engine::MtpBatch m;
+    const int E = e->config().n_embd;
+    for (int i = 0; i < 3; ++i) {
+      m.slots.push_back(0);
+      m.tokens.push_back(ids[i + 1]);
+      m.positions.push_back(i);
+      m.hidden.insert(m.hidden.end(), out.hidden.begin() + i * E, out.hidden.begin() + (i + 1) * E);
+    }
+    const auto drafts = e->mtp_step(m);
+    ASSERT_EQ(drafts.size(), 3u * 512u);
+    for (float v : drafts) ASSERT_TRUE(std::isfinite(v));
   }
 }
 

@@ -25,6 +25,7 @@ struct SynthOptions {
   int threads = 0;
   std::string vocab;
   std::string chat_template;
+  bool mtp = false;
 };
 
 std::string read_text(const std::string& path, const char* what) {
@@ -36,7 +37,7 @@ std::string read_text(const std::string& path, const char* what) {
 }
 
 int run_synth(const SynthOptions& opt) {
-  model::SynthSpec spec = model::synth_spec_like(opt.like, opt.quant, opt.layers);
+  model::SynthSpec spec = model::synth_spec_like(opt.like, opt.quant, opt.layers, opt.mtp);
   spec.n_threads = opt.threads;
   spec.seed = opt.seed;
   spec.vocab_from = opt.vocab;
@@ -47,8 +48,9 @@ int run_synth(const SynthOptions& opt) {
   uint64_t planned = 0;
   const auto table = model::synth_tensor_table(spec);
   for (const auto& t : table) planned += t.n_bytes;
-  fmt::print(stderr, "qwenrt: synth {} {}, {} layers, {} tensors, {:.2f} GB of weights -> {}\n",
-             spec.name, opt.quant, spec.config.n_layer, table.size(), planned / 1e9, opt.out);
+  fmt::print(stderr, "qwenrt: synth {} {}, {} layers{}, {} tensors, {:.2f} GB of weights -> {}\n",
+             spec.name, opt.quant, spec.config.n_layer, opt.mtp ? " + MTP" : "", table.size(),
+             planned / 1e9, opt.out);
   const auto start = std::chrono::steady_clock::now();
   model::write_synthetic(spec, opt.out);
   const double seconds =
@@ -72,6 +74,8 @@ Run add_synth(CLI::App& app) {
   sub->add_option("--quant", opt->quant, "Q4_K_M (default) or Q8_0");
   sub->add_option("--layers", opt->layers, "Only the first N layers (a small file for checks)");
   sub->add_option("--out", opt->out, "Output .gguf file")->required();
+  sub->add_flag("--mtp", opt->mtp,
+                "Add one MTP (nextn) block after the trunk, nextn_predict_layers = 1");
   sub->add_option("--seed", opt->seed, "Random seed (default 1)");
   sub->add_option("--threads", opt->threads, "Threads generating weights (default: all cores)");
   sub->add_option("--vocab", opt->vocab,

@@ -88,33 +88,20 @@ std::vector<PlannedTensor> plan(const SynthSpec& spec) {
   add("token_embd.weight", {e, c.n_vocab}, mix.embedding, Init::kMatrix, 1.0f);
   f32("output_norm.weight", {e}, Init::kNorm);
   if (!spec.tied_output) matrix("output.weight", {e, c.n_vocab}, mix.output);
-  for (int il = 0; il < c.n_layer; ++il) {
-    f32(blk(il, "attn_norm.weight"), {e}, Init::kNorm);
-    f32(blk(il, "post_attention_norm.weight"), {e}, Init::kNorm);
-    if (c.is_attention_layer(il)) {
-      const int64_t hd = c.head_dim, nq = int64_t{c.n_head} * hd, nkv = int64_t{c.n_head_kv} * hd;
-      if (spec.fused_attn_qkv) {
-        matrix(blk(il, "attn_qkv.weight"), {e, 2 * nq + 2 * nkv}, mix.attention);
-      } else {
-        matrix(blk(il, "attn_q.weight"), {e, 2 * nq}, mix.attention);
-        matrix(blk(il, "attn_k.weight"), {e, nkv}, mix.attention);
-        matrix(blk(il, "attn_v.weight"), {e, nkv}, mix.attention);
-      }
-      matrix(blk(il, "attn_output.weight"), {nq, e}, mix.attention);
-      f32(blk(il, "attn_q_norm.weight"), {hd}, Init::kNorm);
-      f32(blk(il, "attn_k_norm.weight"), {hd}, Init::kNorm);
+  auto attention = [&](int il) {
+    const int64_t hd = c.head_dim, nq = int64_t{c.n_head} * hd, nkv = int64_t{c.n_head_kv} * hd;
+    if (spec.fused_attn_qkv) {
+      matrix(blk(il, "attn_qkv.weight"), {e, 2 * nq + 2 * nkv}, mix.attention);
     } else {
-      const int64_t hv = c.ssm_v_heads, inner = c.ssm_inner, ch = c.conv_channels();
-      matrix(blk(il, "attn_qkv.weight"), {e, ch}, mix.deltanet);
-      matrix(blk(il, "attn_gate.weight"), {e, inner}, mix.deltanet);
-      f32(blk(il, "ssm_conv1d.weight"), {c.conv_kernel, ch}, Init::kConv);
-      f32(blk(il, "ssm_dt.bias"), {hv}, Init::kDtBias);
-      f32(blk(il, "ssm_a"), {hv}, Init::kSsmA);
-      matrix(blk(il, "ssm_beta.weight"), {e, hv}, mix.deltanet);
-      matrix(blk(il, "ssm_alpha.weight"), {e, hv}, mix.deltanet);
-      f32(blk(il, "ssm_norm.weight"), {c.ssm_head_dim}, Init::kNorm);
-      matrix(blk(il, "ssm_out.weight"), {inner, e}, mix.deltanet);
+      matrix(blk(il, "attn_q.weight"), {e, 2 * nq}, mix.attention);
+      matrix(blk(il, "attn_k.weight"), {e, nkv}, mix.attention);
+      matrix(blk(il, "attn_v.weight"), {e, nkv}, mix.attention);
     }
+    matrix(blk(il, "attn_output.weight"), {nq, e}, mix.attention);
+    f32(blk(il, "attn_q_norm.weight"), {hd}, Init::kNorm);
+    f32(blk(il, "attn_k_norm.weight"), {hd}, Init::kNorm);
+  };
+  auto ffn = [&](int il) {
     if (c.is_moe()) {
       const int64_t ff = c.n_ff_exp, n = c.n_expert, sff = c.n_ff_shexp;
       // A router 4x sharper than fan-in scaling: clear top-k choices, still spread over experts.
@@ -135,6 +122,38 @@ std::vector<PlannedTensor> plan(const SynthSpec& spec) {
       matrix(blk(il, "ffn_up.weight"), {e, c.n_ff}, mix.ffn);
       matrix(blk(il, "ffn_down.weight"), {c.n_ff, e}, mix.ffn);
     }
+  };
+  for (int il = 0; il < c.n_layer; ++il) {
+    f32(blk(il, "attn_norm.weight"), {e}, Init::kNorm);
+    f32(blk(il, "post_attention_norm.weight"), {e}, Init::kNorm);
+    if (c.is_attention_layer(il)) {
+      attention(il);
+    } else {
+      const int64_t hv = c.ssm_v_heads, inner = c.ssm_inner, ch = c.conv_channels();
+      matrix(blk(il, "attn_qkv.weight"), {e, ch}, mix.deltanet);
+      matrix(blk(il, "attn_gate.weight"), {e, inner}, mix.deltanet);
+      f32(blk(il, "ssm_conv1d.weight"), {c.conv_kernel, ch}, Init::kConv);
+      f32(blk(il, "ssm_dt.bias"), {hv}, Init::kDtBias);
+      f32(blk(il, "ssm_a"), {hv}, Init::kSsmA);
+      matrix(blk(il, "ssm_beta.weight"), {e, hv}, mix.deltanet);
+      matrix(blk(il, "ssm_alpha.weight"), {e, hv}, mix.deltanet);
+      f32(blk(il, "ssm_norm.weight"), {c.ssm_head_dim}, Init::kNorm);
+      matrix(blk(il, "ssm_out.weight"), {inner, e}, mix.deltanet);
+    }
+    ffn(il);
+  }
+  // The MTP (nextn) blocks after the trunk: a full-attention block with the trunk's FFN kind,
+  // eh_proj over [enorm(embedding); hnorm(hidden)], and its own head norm (the head itself is
+  // the trunk's output.weight, as the released checkpoints share it).
+  for (int il = c.n_layer; il < c.n_layer + c.n_layer_nextn; ++il) {
+    f32(blk(il, "attn_norm.weight"), {e}, Init::kNorm);
+    f32(blk(il, "post_attention_norm.weight"), {e}, Init::kNorm);
+    attention(il);
+    ffn(il);
+    matrix(blk(il, "nextn.eh_proj.weight"), {2 * e, e}, mix.attention);
+    f32(blk(il, "nextn.enorm.weight"), {e}, Init::kNorm);
+    f32(blk(il, "nextn.hnorm.weight"), {e}, Init::kNorm);
+    f32(blk(il, "nextn.shared_head_norm.weight"), {e}, Init::kNorm);
   }
   return out;
 }
@@ -378,6 +397,7 @@ void set_model_keys(gguf::Writer& w, const SynthSpec& spec) {
   }
   u32("full_attention_interval", c.full_attention_interval);
   u32("rope.dimension_count", c.n_rot);
+  if (c.n_layer_nextn > 0) u32("nextn_predict_layers", c.n_layer_nextn);
 }
 
 void set_vocab_keys(gguf::Writer& w, const SynthSpec& spec) {
@@ -541,7 +561,8 @@ void set_tokenizer_keys(gguf::Writer& w, const SynthTokenizer& tok) {
   w.set("tokenizer.ggml.add_bos_token", Value::boolean(false));
 }
 
-SynthSpec synth_spec_like(const std::string& checkpoint, const std::string& quant, int layers) {
+SynthSpec synth_spec_like(const std::string& checkpoint, const std::string& quant, int layers,
+                          bool mtp) {
   const auto shape = checkpoint_shape(checkpoint);
   if (!shape) {
     std::string names;
@@ -570,6 +591,7 @@ SynthSpec synth_spec_like(const std::string& checkpoint, const std::string& quan
     }
     spec.config.n_layer = layers;  // same interval: layer i is attention iff (i + 1) % 4 == 0
   }
+  spec.config.n_layer_nextn = mtp ? 1 : 0;
   return spec;
 }
 

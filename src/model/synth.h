@@ -42,7 +42,7 @@ enum class SynthVocab {
 };
 
 struct SynthSpec {
-  Config config;                   // arch and every width; n_vocab included
+  Config config;  // arch and every width; n_vocab included; n_layer_nextn MTP blocks follow
   std::string name = "synthetic";  // general.name
   DType matrix_type = DType::F32;  // every matrix when `mix` is empty
   std::optional<QuantMix> mix;     // per-kind types (overrides matrix_type)
@@ -83,9 +83,11 @@ void write_synthetic(const SynthSpec& spec, const std::string& path);
 
 // What `qwenrt synth` writes: the official conversion of `checkpoint` ("Qwen3.6-27B") in `quant`
 // ("Q4_K_M" or "Q8_0"): its metadata keys, tensor table and types, a synthetic 248320-entry
-// vocabulary, direct blocks. layers > 0 keeps only the first `layers` layers (same interval).
+// vocabulary, direct blocks. layers > 0 keeps only the first `layers` layers (same interval);
+// mtp adds one MTP (nextn) block after them, as `convert_hf_to_gguf.py` without --no-mtp does.
 // Error names the checkpoint / quant / layer count when one is not known or out of range.
-SynthSpec synth_spec_like(const std::string& checkpoint, const std::string& quant, int layers = 0);
+SynthSpec synth_spec_like(const std::string& checkpoint, const std::string& quant, int layers = 0,
+                          bool mtp = false);
 
 // A tiny config with the real structure (K heads != V heads, GQA, interval 4, MoE top-k > 1 with
 // a shared expert), small enough for the reference backend in tests.
