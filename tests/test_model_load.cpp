@@ -142,6 +142,18 @@ TEST_F(ModelLoad, TiedOutputFallsBackToTokenEmbedding) {
   for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 
+TEST_F(ModelLoad, LoadReportsProgressOverEveryWeightByte) {
+  engine::EngineOptions o;
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  o.on_load_progress = [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); };
+  auto e = engine::Engine::load(moe_, o);
+  uint64_t bytes = 0;
+  for (const auto& t : e->file().tensors()) bytes += t.n_bytes;
+  ASSERT_FALSE(calls.empty());
+  EXPECT_EQ(calls.back(), std::make_pair(bytes, bytes));
+  for (size_t i = 1; i < calls.size(); ++i) EXPECT_LE(calls[i - 1].first, calls[i].first);
+}
+
 TEST(Identity, MatchesWholeNamesOnly) {
   using model::Checkpoint;
   EXPECT_EQ(model::identify_name("Qwen3.6-27B", "").checkpoint, Checkpoint::kQwen36_27B);

@@ -55,9 +55,23 @@ std::string resolve_model(const std::string& model) {
       "is not in this build");
 }
 
+// A progress bar on stderr while a large model's weights are read (only on a terminal, and only
+// for files big enough to take a while).
+std::function<void(uint64_t, uint64_t)> load_progress_bar() {
+  if (!isatty(STDERR_FILENO)) return nullptr;
+  return [](uint64_t done, uint64_t total) {
+    if (total < (512ull << 20)) return;
+    const int width = 40, filled = static_cast<int>(width * done / std::max<uint64_t>(total, 1));
+    fmt::print(stderr, "\rloading [{}{}] {:3d}% {:.1f}/{:.1f} GB{}", std::string(filled, '#'),
+               std::string(width - filled, ' '), static_cast<int>(100 * done / total), done / 1e9,
+               total / 1e9, done == total ? "\n" : "");
+  };
+}
+
 Session::Session(const TurnOptions& options) : options_(options) {
   engine::EngineOptions eo;
   eo.n_ctx = options.n_ctx;
+  eo.on_load_progress = load_progress_bar();
   engine_ = engine::Engine::load(resolve_model(options.model), eo);
   tokenizer_ =
       std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(engine_->file()));

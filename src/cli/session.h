@@ -31,6 +31,9 @@ struct TurnOptions {
 
 void add_turn_options(CLI::App* sub, TurnOptions& opt);
 
+// A load progress callback drawing a bar on stderr when it is a terminal (null otherwise).
+std::function<void(uint64_t, uint64_t)> load_progress_bar();
+
 // Error naming `what` and the offset of the first invalid byte unless `text` is valid UTF-8.
 void require_utf8(std::string_view text, std::string_view what);
 

@@ -13,6 +13,22 @@ void Batch::add(int slot, int32_t token, int32_t position, bool logits) {
   want_logits.push_back(logits ? 1 : 0);
 }
 
+void Engine::prefault_weights(const std::function<void(uint64_t, uint64_t)>& progress) {
+  uint64_t total = 0, done = 0;
+  for (const auto& t : file_.tensors()) total += t.n_bytes;
+  constexpr uint64_t kPage = 4096, kReport = 64ull << 20;
+  uint64_t next_report = 0;
+  volatile uint8_t sink = 0;  // the reads must happen
+  for (const auto& t : file_.tensors()) {
+    for (uint64_t off = 0; off < t.n_bytes; off += kPage) sink = sink + t.data[off];
+    done += t.n_bytes;
+    if (progress && (done >= next_report || done == total)) {
+      progress(done, total);
+      next_report = done + kReport;
+    }
+  }
+}
+
 std::unique_ptr<Engine> Engine::load(const std::string& path, const EngineOptions& options) {
   return std::unique_ptr<Engine>(new Engine(gguf::File::open(path).value(), options));
 }
@@ -26,6 +42,7 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   ops_ = ops::make_ref_ops();
   model_ =
       config_.is_moe() ? arch::make_qwen35moe(file_, config_) : arch::make_qwen35(file_, config_);
+  if (options.prefault) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
   states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx);
 }

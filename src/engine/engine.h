@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,10 @@ struct EngineOptions {
   int n_slots = 1;              // sequences held at once
   int64_t n_ctx = 0;  // tokens per sequence; 0 = the model's context_length, capped at 32768
   arch::DeltaNetMode deltanet_mode = arch::DeltaNetMode::kAuto;
+  // Read every weight page once at load (so the first step does not pay for page faults);
+  // on_load_progress(bytes done, bytes total) is called as it goes.
+  bool prefault = true;
+  std::function<void(uint64_t, uint64_t)> on_load_progress;
 };
 
 // Rows of (slot, token, position, wants logits). A slot's tokens must be contiguous in the batch
@@ -72,6 +77,7 @@ class Engine {
 
  private:
   Engine(gguf::File file, const EngineOptions& options);
+  void prefault_weights(const std::function<void(uint64_t, uint64_t)>& progress);
   // Checks rows (slot, token, position) and groups them into spans; `next` gives each slot's
   // next expected position.
   arch::ForwardBatch plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
