@@ -8,8 +8,12 @@
 #include <fstream>
 #include <vector>
 
+#include <unistd.h>
+
 #include "chat/render.h"
 #include "gguf/reader.h"
+#include "support/model_files.h"
+#include "support/run_binary.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qwenrt {
@@ -18,25 +22,10 @@ namespace {
 const std::string kModel =
     std::string(QWENRT_SOURCE_DIR) + "/tests/fixtures/models/qwen35-dense.Q8_0.gguf";
 
-struct Output {
-  int code;
-  std::string out;
-  std::string err;
-};
+using testing_support::Output;
 
 Output run(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "/qwenrt_cli_stderr.txt";
-  const std::string cmd = std::string(QWENRT_BINARY) + " " + args + " 2>" + err_path;
-  Output o;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), n);
-  const int status = pclose(p);
-  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_path);
-  o.err.assign(std::istreambuf_iterator<char>(in), {});
-  return o;
+  return testing_support::run_qwenrt(args);
 }
 
 TEST(Cli, TokenizePrintsTheTokenizerIds) {
@@ -53,7 +42,7 @@ TEST(Cli, TokenizePrintsTheTokenizerIds) {
 }
 
 TEST(Cli, TemplatePrintsTheRenderExactly) {
-  const std::string path = ::testing::TempDir() + "/qwenrt_cli_messages.json";
+  const std::string path = testing_support::temp_path("messages.json");
   std::ofstream(path)
       << R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])";
   const Output o = run("template -m " + kModel + " --messages " + path + " --no-think");

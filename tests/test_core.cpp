@@ -12,6 +12,7 @@
 #include "core/mapped_file.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "support/model_files.h"
 
 namespace qwenrt {
 namespace {
@@ -56,7 +57,7 @@ TEST(TensorView, ContiguousStrides) {
 }
 
 TEST(MappedFile, MapsBytesAndNamesMissingFiles) {
-  const std::string path = testing::TempDir() + "/qwenrt_mapped_file_test.bin";
+  const std::string path = testing_support::temp_path("mapped_file_test.bin");
   {
     std::ofstream out(path, std::ios::binary);
     out << "hello";

@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "gguf/reader.h"
+#include "support/run_binary.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qwenrt {
@@ -21,25 +22,10 @@ const std::string kDense = kFixtures + "qwen35-dense.Q8_0.gguf";
 const std::string kMoeQ8 = kFixtures + "qwen35moe.Q8_0.gguf";
 const std::string kMoeQ4 = kFixtures + "qwen35moe.Q4_K_M.gguf";
 
-struct Output {
-  int code;
-  std::string out;
-  std::string err;
-};
+using testing_support::Output;
 
 Output run(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "/qwenrt_ppl_stderr.txt";
-  const std::string cmd = std::string(QWENRT_BINARY) + " " + args + " 2>" + err_path;
-  Output o;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), n);
-  const int status = pclose(p);
-  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_path);
-  o.err.assign(std::istreambuf_iterator<char>(in), {});
-  return o;
+  return testing_support::run_qwenrt(args);
 }
 
 double number_after(const std::string& text, const std::string& label) {
@@ -53,7 +39,7 @@ double number_after(const std::string& text, const std::string& label) {
 }
 
 std::string text_file() {
-  const std::string path = ::testing::TempDir() + "/qwenrt_ppl_text.txt";
+  const std::string path = testing_support::temp_path("ppl_text.txt");
   std::ofstream out(path, std::ios::binary);
   // Plain text; the "<|im_end|>" must stay text (no specials parsing).
   for (int i = 0; i < 6; ++i) {
@@ -110,7 +96,7 @@ TEST(Perplexity, EqualsExpMeanNllOfEngineLogits) {
 
 TEST(Perplexity, KlOfAModelAgainstItselfIsZero) {
   const std::string text = text_file();
-  const std::string base = ::testing::TempDir() + "/qwenrt_ppl_base.npy";
+  const std::string base = testing_support::temp_path("ppl_base.npy");
   const Output saved =
       run("perplexity -m " + kMoeQ8 + " -f " + text + " --ctx 32 --save-logits " + base);
   ASSERT_EQ(saved.code, 0) << saved.err;
@@ -136,7 +122,7 @@ TEST(Perplexity, KlOfAModelAgainstItselfIsZero) {
 }
 
 TEST(Perplexity, TooShortTextIsAnError) {
-  const std::string path = ::testing::TempDir() + "/qwenrt_ppl_short.txt";
+  const std::string path = testing_support::temp_path("ppl_short.txt");
   std::ofstream(path) << "Too short.";
   const Output o = run("perplexity -m " + kDense + " -f " + path + " --ctx 512");
   EXPECT_EQ(o.code, 1);

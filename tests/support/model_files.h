@@ -2,7 +2,10 @@
 // keys) to make malformed-but-parseable models.
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
@@ -17,8 +20,12 @@
 
 namespace qwenrt::testing_support {
 
+// A path in this process's own temporary folder: ctest runs tests as parallel processes, so two
+// tests writing the same file name must not meet.
 inline std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "/" + name;
+  const std::string dir = ::testing::TempDir() + "/qwenrt-test-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  return dir + "/" + name;
 }
 
 inline std::string write_tiny(model::Arch arch, const std::string& name,

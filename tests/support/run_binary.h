@@ -1,0 +1,39 @@
+// Test support: run the qwenrt binary with arguments (through /bin/sh) and capture its exit code,
+// stdout and stderr.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "support/model_files.h"
+
+namespace qwenrt::testing_support {
+
+struct Output {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+inline Output run_qwenrt(const std::string& args) {
+  static int calls = 0;
+  const std::string err_path = temp_path("stderr." + std::to_string(calls++) + ".txt");
+  const std::string cmd = std::string(QWENRT_BINARY) + " " + args + " 2>" + err_path;
+  Output o;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), n);
+  const int status = pclose(p);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_path);
+  o.err.assign(std::istreambuf_iterator<char>(in), {});
+  return o;
+}
+
+}  // namespace qwenrt::testing_support
