@@ -81,7 +81,8 @@ TEST(Gguf, TypedGettersNameKeyAndTypes) {
     f.get_uint("s");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("key 's': expected an integer, got string"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("key 's': expected an integer, got string"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_THROW(f.get_uint("neg"), Error);

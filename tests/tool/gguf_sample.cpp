@@ -37,9 +37,11 @@ int main(int argc, char** argv) {
     w.set("sample.f64", Value::f64(2.718281828459045));
     w.set("sample.empty_string", Value::str(""));
     w.set("sample.strings", Value::strings({"a", "", "<think>", "\xc4\xa0the"}));
-    w.set("sample.i32s", Value::array(ValueType::INT32, {Value::i32(1), Value::i32(-2), Value::i32(3)}));
+    w.set("sample.i32s",
+          Value::array(ValueType::INT32, {Value::i32(1), Value::i32(-2), Value::i32(3)}));
     w.set("sample.f32s", Value::array(ValueType::FLOAT32, {Value::f32(1.5f), Value::f32(-0.25f)}));
-    w.set("sample.bools", Value::array(ValueType::BOOL, {Value::boolean(false), Value::boolean(true)}));
+    w.set("sample.bools",
+          Value::array(ValueType::BOOL, {Value::boolean(false), Value::boolean(true)}));
     w.set("sample.empty", Value::array(ValueType::UINT8, {}));
     w.set("sample.nested",
           Value::array(ValueType::ARRAY,
