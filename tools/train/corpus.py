@@ -680,7 +680,10 @@ def eval_sets() -> dict:
     # In-distribution held-out text: documents of every kind from another seed, docstrings from the
     # held-out split (short arithmetic documents may repeat a training document word for word).
     chat_text = "".join(t for _, t in generate(SEED + 3, 150, docs_split="eval"))
-    return {"chat_text": chat_text, "tools_train_values": tools_train_values,
+    # Plain text without control tokens (qwenrt perplexity does not parse them): generated stories.
+    srng = random.Random(SEED + 5)
+    story_text = "\n\n".join(story(srng)[1] for _ in range(120)) + "\n"
+    return {"chat_text": chat_text, "story_text": story_text, "tools_train_values": tools_train_values,
             "arithmetic": [{"a": a, "b": b, "prompt": f"What is {a} + {b}?", "answer": a + b}
                            for a, b in heldout_pairs()],
             "tools": tools, "prose_text": prose_text, "prose_chats": prose_chats}

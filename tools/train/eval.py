@@ -177,9 +177,11 @@ def torch_eval(hf_dir: Path, moe: bool, tok: Tok, prose_text: str, prose_chats: 
         m = len(cids) - 2
         chat_agree += int((d[:m] == g[1:m + 1]).sum())
         chat_total += m
-    return {"ppl_prose": math.exp(nll / n), "ppl_scored_tokens": n,
-            "mtp_agree_prose": agree / total, "mtp_accuracy_prose": acc / total, "mtp_positions_prose": total,
-            "mtp_agree_chats": chat_agree / chat_total, "mtp_positions_chats": chat_total}
+    out = {"ppl": math.exp(nll / n), "ppl_scored_tokens": n,
+           "mtp_agree": agree / total, "mtp_accuracy": acc / total, "mtp_positions": total}
+    if chat_total:
+        out |= {"mtp_agree_docstring_chats": chat_agree / chat_total, "mtp_positions_docstring_chats": chat_total}
+    return out
 
 
 def main() -> None:
@@ -195,6 +197,9 @@ def main() -> None:
     ap.add_argument("--n-tools", type=int, default=100)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--ppl-chunks", type=int, default=8)
+    ap.add_argument("--mtp-chats", type=int, default=40, help="held-out docstring chats for MTP agreement")
+    ap.add_argument("--tool-modes", nargs="*", default=["think", "no_think", "train_values"],
+                    help="tool sets: think, no_think (held-out values), train_values (no thinking)")
     ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: arithmetic tools ppl torch")
     args = ap.parse_args()
 
@@ -205,8 +210,8 @@ def main() -> None:
     def save():
         args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
 
-    texts = {"chat": args.out.with_name("heldout-chat.txt"), "prose": args.out.with_name("heldout-prose.txt")}
-    texts["chat"].write_text(ev["chat_text"], encoding="utf-8")
+    texts = {"stories": args.out.with_name("heldout-stories.txt"), "prose": args.out.with_name("heldout-prose.txt")}
+    texts["stories"].write_text(ev["story_text"], encoding="utf-8")
     texts["prose"].write_text(ev["prose_text"], encoding="utf-8")
     for stem in args.files:
         gguf = args.gguf_dir / f"{stem}.gguf"
@@ -221,13 +226,15 @@ def main() -> None:
                 log(f"  {entry[key]['correct']}/{entry[key]['total']}")
                 save()
         if "tools" not in args.skip:
-            for thinking in (True, False):
+            for thinking in [m == "think" for m in args.tool_modes if m in ("think", "no_think")]:
                 key = f"tools_{'think' if thinking else 'no_think'}"
                 log(f"{stem}: {key}")
                 entry[key] = tools_eval(args.qwenrt, gguf, tok, ev["tools"][:args.n_tools], thinking, args.jobs)
                 log(f"  {entry[key]['correct']}/{entry[key]['total']} (call given reasoning "
                     f"{entry[key]['call_given_reasoning']:.2f})")
                 save()
+            if "train_values" not in args.tool_modes:
+                continue
             log(f"{stem}: tools_train_values_no_think")
             entry["tools_train_values_no_think"] = r = tools_eval(
                 args.qwenrt, gguf, tok, ev["tools_train_values"][:args.n_tools], False, args.jobs)
@@ -249,9 +256,10 @@ def main() -> None:
         for name, moe in NAMES.items():
             log(f"{name}: transformers (CPU, fp32) perplexity and MTP")
             hf = args.hf_dir / ("moe" if moe else "dense") / "hf"
+            chats = ev["prose_chats"][:args.mtp_chats]
             report.setdefault(name, {})["torch"] = {
-                "chat": torch_eval(hf, moe, Tok(hf), ev["chat_text"], ev["prose_chats"], 512, args.ppl_chunks),
-                "prose": torch_eval(hf, moe, Tok(hf), ev["prose_text"], ev["prose_chats"], 512, args.ppl_chunks)}
+                "chat": torch_eval(hf, moe, Tok(hf), ev["chat_text"], chats, 512, args.ppl_chunks),
+                "prose": torch_eval(hf, moe, Tok(hf), ev["prose_text"], [], 512, args.ppl_chunks)}
             log(f"  {report[name]['torch']}")
             save()
 
