@@ -62,6 +62,24 @@ TEST(Cli, RunGeneratesAndReportsSpeed) {
   EXPECT_NE(o.err.find("generated"), std::string::npos) << o.err;
 }
 
+// With --tools the trained default model answers a matching request with a parsed tool call.
+TEST(Cli, RunWithToolsPrintsTheParsedCall) {
+  const std::string tools = testing_support::temp_path("tools.json");
+  std::ofstream(tools) << R"([{"type": "function", "function": {"name": "get_weather",
+    "description": "Get the current weather for a city.", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}])";
+  const Output o = run("run --tools " + tools +
+                       " -p \"What's the weather in Paris?\" --temp 0 -n 120 --no-think");
+  EXPECT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("[tool call] get_weather({\"city\":\"Paris\"})"), std::string::npos)
+      << o.out;
+  const std::string bad = testing_support::temp_path("bad_tools.json");
+  std::ofstream(bad) << "{}";
+  const Output b = run("run --tools " + bad + " -p hi");
+  EXPECT_EQ(b.code, 1);
+  EXPECT_NE(b.err.find("must hold a JSON array"), std::string::npos) << b.err;
+}
+
 TEST(Cli, ErrorsAreOneLineWithExitCodeOne) {
   for (const std::string& args : std::vector<std::string>{
            "info /nonexistent.gguf", "run -m /nonexistent.gguf -p hi",

@@ -1,6 +1,9 @@
 // `qwenrt run [-m MODEL] -p PROMPT [--no-think] ...`: one question, the streamed answer.
+#include <fstream>
+
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "core/error.h"
 
 namespace qwenrt::cli {
 namespace {
@@ -9,6 +12,7 @@ struct RunOptions {
   TurnOptions turn;
   std::string prompt;
   std::string system;
+  std::string tools;  // JSON file: an array of tool definitions
 };
 
 int run_run(const RunOptions& opt) {
@@ -18,7 +22,19 @@ int run_run(const RunOptions& opt) {
   chat::Json messages = chat::Json::array();
   if (!opt.system.empty()) messages.push_back({{"role", "system"}, {"content", opt.system}});
   messages.push_back({{"role", "user"}, {"content", opt.prompt}});
-  session.reply(messages, !opt.turn.no_think);
+  chat::Json tools = nullptr;
+  if (!opt.tools.empty()) {
+    std::ifstream in(opt.tools);
+    if (!in) fail("{}: cannot open --tools", opt.tools);
+    try {
+      tools = chat::Json::parse(in);
+    } catch (const std::exception& e) {
+      fail("{}: invalid JSON in --tools: {}", opt.tools, e.what());
+    }
+    if (!tools.is_array())
+      fail("{}: --tools must hold a JSON array of tool definitions", opt.tools);
+  }
+  session.reply(messages, !opt.turn.no_think, tools);
   return 0;
 }
 
@@ -30,6 +46,8 @@ Run add_run(CLI::App& app) {
   add_turn_options(sub, opt->turn);
   sub->add_option("-p,--prompt", opt->prompt, "The user message")->required();
   sub->add_option("-s,--system", opt->system, "A system message");
+  sub->add_option("--tools", opt->tools,
+                  "JSON file: an array of tool definitions the model may call");
   return [opt] { return run_run(*opt); };
 }
 

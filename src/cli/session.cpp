@@ -80,10 +80,11 @@ Session::Session(const TurnOptions& options) : options_(options) {
       engine_->config().arch_name, chat::dialect_name(dialect_));
 }
 
-chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking) {
+chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking,
+                                 const chat::Json& tools) {
   chat::RenderOptions ro;
   ro.enable_thinking = thinking;
-  const std::string rendered = chat::render_chat(dialect_, messages, nullptr, ro);
+  const std::string rendered = chat::render_chat(dialect_, messages, tools, ro);
   const auto prompt = chat::encode_prompt(*tokenizer_, rendered, chat::literal_texts(messages));
 
   gen::GenerationOptions go;
@@ -94,7 +95,7 @@ chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking) {
   go.sampling = sample::resolve(options_.sampling, engine_->identity().checkpoint, thinking);
 
   const bool tty = isatty(STDOUT_FILENO);
-  chat::ReplyParser parser({.starts_in_reasoning = thinking, .tools = nullptr});
+  chat::ReplyParser parser({.starts_in_reasoning = thinking, .tools = tools});
   bool in_reasoning = false;
   auto print = [&](const std::vector<chat::ReplyEvent>& events) {
     for (const auto& e : events) {

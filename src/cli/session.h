@@ -46,7 +46,8 @@ class Session {
 
   // Renders `messages` with the generation prompt, generates, streams to stdout and returns the
   // parsed reply. Prints prompt / generation speed to stderr.
-  chat::ParsedReply reply(const chat::Json& messages, bool thinking);
+  chat::ParsedReply reply(const chat::Json& messages, bool thinking,
+                          const chat::Json& tools = nullptr);
 
   engine::Engine& engine() { return *engine_; }
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
