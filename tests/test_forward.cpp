@@ -90,8 +90,6 @@ TEST_P(ForwardTest, ChunkedDeltaNetEqualsRecurrent) {
 }
 
 TEST_P(ForwardTest, MixedBatchEqualsEachSequenceAlone) {
-  const int V = 0;
-  (void)V;
   auto batched = load(arch::DeltaNetMode::kAuto, 3);
   const int n_vocab = batched->config().n_vocab;
   const auto s0 = random_tokens(20, n_vocab, 5), s1 = random_tokens(7, n_vocab, 6),
