@@ -14,6 +14,11 @@ what transformers' apply_chat_template writes. Kinds of document:
                short stories from a small grammar written here
   dialogue     multi-turn chats mixing greetings, identity questions, arithmetic and prose
   raw          plain documentation text without any chat wrapper (for perplexity on plain text)
+  copy         (copy mix only) a request to repeat a novel string, answered with the string
+
+Mixes (MIXES): "base", the from-scratch training mix; "copy", a copy-heavy mix for a second stage of
+training (tool calls whose argument values are mostly novel strings from the whole vocabulary); "novel",
+the same with every tool argument novel (third stage).
 
 Held out, and never generated for training (eval_sets()):
   - 200 two-digit pairs (A, B): "What is A + B?" (both orders are excluded from every training
@@ -290,53 +295,145 @@ def _words(rng: random.Random, lo: int, hi: int) -> str:
     return " ".join(rng.choice(WORDS) if rng.random() < 0.8 else _made_up_word(rng) for _ in range(rng.randint(lo, hi)))
 
 
+# Novel values for the "copy" mix: strings spread over the whole vocabulary (pseudo-words built from
+# English-like syllables, real words from the training docstrings, random letter runs, codes), so the
+# model learns to copy whatever the user wrote rather than recall a value it has seen.
+ONSETS = ("b c d f g h j k l m n p r s t v w z br bl ch cl cr dr fl fr gl gr kl pl pr sc sh sk sl sm sn sp st "
+          "str sw th tr tw wh").split() + [""] * 4
+NUCLEI = "a e i o u a e i o u ai ea ee ia io oa oo ou y".split()
+CODAS = "n r s t l m d g k x ck ld nd ng nk nt rd rk rn rt sk st th".split() + [""] * 12
+
+
+def _pseudo_word(rng: random.Random) -> str:
+    return "".join(rng.choice(ONSETS) + rng.choice(NUCLEI) + rng.choice(CODAS)
+                   for _ in range(rng.choice([1, 2, 2, 2, 3, 3, 4])))
+
+
+_RESERVED_WORDS: set[str] | None = None
+
+
+def reserved_words() -> set[str]:
+    """Every word of every value reserved for evaluation, lowercased."""
+    global _RESERVED_WORDS
+    if _RESERVED_WORDS is None:
+        _RESERVED_WORDS = {w.lower() for v in (HELDOUT_CITIES + HELDOUT_CURRENCIES + HELDOUT_STOCKS + HELDOUT_PEOPLE
+                                               + HELDOUT_LANGUAGES + HELDOUT_TOPICS + HELDOUT_PHRASES
+                                               + HELDOUT_SUBJECTS) for w in v.split()}
+    return _RESERVED_WORDS
+
+
+_VOCAB: list[str] | None = None
+
+
+def vocabulary() -> list[str]:
+    """Words of 3-14 letters from the training split of the docstrings and the stories' word lists,
+    without any word of a reserved evaluation value."""
+    global _VOCAB
+    if _VOCAB is None:
+        words = set(WORDS + ADJS + ANIMALS)
+        for _, text in doc_split("train"):
+            words.update(w.lower() for w in re.findall(r"[A-Za-z]{3,14}", text))
+        _VOCAB = sorted(words - reserved_words())
+    return _VOCAB
+
+
+def _novel_word(rng: random.Random) -> str:
+    r = rng.random()
+    if r < 0.4:
+        w = _pseudo_word(rng)
+    elif r < 0.8:
+        w = rng.choice(vocabulary())
+    elif r < 0.92:
+        w = "".join(rng.choice(LETTERS.lower()) for _ in range(rng.randint(3, 9)))
+    else:
+        w = rng.choice(vocabulary()) + str(rng.randint(1, 999))
+    return w if w.lower() not in reserved_words() else _novel_word(rng)
+
+
+def _novel_name(rng: random.Random) -> str:
+    """A place or language name: mostly Capitalised, sometimes two words, lower or upper case."""
+    words = [_novel_word(rng) for _ in range(1 if rng.random() < 0.85 else 2)]
+    r = rng.random()
+    if r < 0.8:
+        return " ".join(w.capitalize() for w in words)
+    return " ".join(words) if r < 0.92 else " ".join(words).upper()
+
+
+def _novel_code(rng: random.Random, lo: int, hi: int) -> str:
+    code = "".join(rng.choice(LETTERS) for _ in range(rng.randint(lo, hi)))
+    return code + str(rng.randint(1, 9)) if rng.random() < 0.05 else code
+
+
+SHORT_WORDS = "a i my to in on of is at we it an no so up me he she our your his her its".split()
+
+
+def _novel_phrase(rng: random.Random, lo: int, hi: int, short: bool = False) -> str:
+    """Novel words; with `short`, 20% are short function words (phrases like "i lost my keys")."""
+    return " ".join(rng.choice(SHORT_WORDS) if short and rng.random() < 0.2 else _novel_word(rng)
+                    for _ in range(rng.randint(lo, hi)))
+
+
 class ToolValues:
-    """Argument values for one split: 'train' or 'eval'. Evaluation draws from word lists reserved for it
-    (never used in training); training mixes fixed lists with random made-up values (codes, names,
-    word sequences), so the model learns to copy arguments from the request rather than recall them."""
+    """Argument values for one split: 'train', 'copy', 'novel' or 'eval'. Evaluation draws from word lists
+    reserved for it (never used in training). 'train' (the base mix) mixes fixed lists with made-up values
+    from a small syllable set; 'copy' (the copy mix) draws 85% novel values from the whole vocabulary (see
+    _novel_word), 'novel' (the novel mix) all of them, with short function words in phrases, so the model
+    learns to copy arguments from the request rather than recall them."""
 
     def __init__(self, split: str):
         self.ev = split == "eval"
+        self.copy = split in ("copy", "novel")
+        self.novel = split == "novel"
+        self.short = self.novel
         self.reserved = set(HELDOUT_CITIES + HELDOUT_CURRENCIES + HELDOUT_STOCKS + HELDOUT_PEOPLE
                             + HELDOUT_LANGUAGES + HELDOUT_TOPICS + HELDOUT_PHRASES + HELDOUT_SUBJECTS)
 
-    def _pick(self, rng, held, train, made_up):
+    def _pick(self, rng, held, train, made_up, novel):
         if self.ev:
             return rng.choice(held)
         while True:
-            v = made_up(rng) if rng.random() < 0.5 else rng.choice(train)
+            if self.novel:
+                v = novel(rng)
+            elif self.copy:
+                v = novel(rng) if rng.random() < 0.85 else rng.choice(train)
+            else:
+                v = made_up(rng) if rng.random() < 0.5 else rng.choice(train)
             if v not in self.reserved:
                 return v
 
     def city(self, rng):
-        return self._pick(rng, HELDOUT_CITIES, CITIES, lambda r: _made_up_word(r).capitalize())
+        return self._pick(rng, HELDOUT_CITIES, CITIES, lambda r: _made_up_word(r).capitalize(), _novel_name)
 
     def currency_pair(self, rng):
         if self.ev:
             return rng.sample(HELDOUT_CURRENCIES + CURRENCIES[:4], 2)
-        a = self._pick(rng, [], CURRENCIES, lambda r: _code(r, 3))
+        a = self._pick(rng, [], CURRENCIES, lambda r: _code(r, 3), lambda r: _novel_code(r, 3, 3))
         b = a
         while b == a:
-            b = self._pick(rng, [], CURRENCIES, lambda r: _code(r, 3))
+            b = self._pick(rng, [], CURRENCIES, lambda r: _code(r, 3), lambda r: _novel_code(r, 3, 3))
         return [a, b]
 
     def stock(self, rng):
-        return self._pick(rng, HELDOUT_STOCKS, STOCKS, lambda r: _code(r, r.randint(2, 5)))
+        return self._pick(rng, HELDOUT_STOCKS, STOCKS, lambda r: _code(r, r.randint(2, 5)),
+                          lambda r: _novel_code(r, 2, 5))
 
     def person(self, rng):
-        return self._pick(rng, HELDOUT_PEOPLE, PEOPLE, _made_up_word)
+        return self._pick(rng, HELDOUT_PEOPLE, PEOPLE, _made_up_word, lambda r: _novel_word(r).lower())
 
     def language(self, rng):
-        return self._pick(rng, HELDOUT_LANGUAGES, LANGUAGES, lambda r: _made_up_word(r).capitalize())
+        return self._pick(rng, HELDOUT_LANGUAGES, LANGUAGES, lambda r: _made_up_word(r).capitalize(), _novel_name)
 
     def topic(self, rng):
-        return self._pick(rng, HELDOUT_TOPICS, [t.strip() for t in TOPICS], lambda r: _words(r, 2, 4))
+        return self._pick(rng, HELDOUT_TOPICS, [t.strip() for t in TOPICS], lambda r: _words(r, 2, 4),
+                          lambda r: _novel_phrase(r, 1, 4, self.short))
 
     def phrase(self, rng):
-        return self._pick(rng, HELDOUT_PHRASES, PHRASES, lambda r: _words(r, 2, 5))
+        return self._pick(rng, HELDOUT_PHRASES, PHRASES, lambda r: _words(r, 2, 5),
+                          lambda r: _novel_phrase(r, 1, 5, self.short))
 
     def subject(self, rng):
-        return self._pick(rng, HELDOUT_SUBJECTS, SUBJECTS, lambda r: _words(r, 1, 3))
+        return self._pick(rng, HELDOUT_SUBJECTS, SUBJECTS, lambda r: _words(r, 1, 3),
+                          lambda r: _novel_phrase(r, 1, 3, self.short))
 
 
 def _expression(rng: random.Random) -> tuple[str, int]:
@@ -430,8 +527,8 @@ def tool_case(rng: random.Random, vals: ToolValues) -> dict:
     return {"tools": [TOOL_DEFS[n] for n in names], "name": target, **req}
 
 
-def tool_doc(rng: random.Random, thinking: bool) -> dict:
-    vals = ToolValues("train")
+def tool_doc(rng: random.Random, thinking: bool, values: str = "train") -> dict:
+    vals = ToolValues(values)
     case = tool_case(rng, vals)
     msgs = [{"role": "user", "content": case["user"]}]
     if rng.random() < 0.1:   # tools offered, but the request is plain arithmetic or chat
@@ -624,17 +721,42 @@ def dialogue_doc(rng: random.Random, thinking: bool, docs) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Corpus
 
-KIND_WEIGHTS = [("arithmetic", 45), ("tools", 15), ("prose", 18), ("dialogue", 15), ("raw", 5)]
+COPY_REQUESTS = ["Repeat after me: {v}", "Say exactly this: {v}", "Please repeat \"{v}\".", "Echo this back: {v}",
+                 "Write {v} back to me.", "Can you repeat {v}?", "Copy this text: {v}"]
 
 
-def document(rng: random.Random, docs) -> tuple[str, str]:
+def copy_doc(rng: random.Random, thinking: bool) -> dict:
+    """A request to repeat a novel string (names, codes, words from the whole vocabulary), answered by the
+    string itself: plain copying practice for the copy mix."""
+    r = rng.random()
+    v = (_novel_phrase(rng, 1, 6) if r < 0.5 else _novel_name(rng) if r < 0.8
+         else " ".join(_novel_code(rng, 2, 6) for _ in range(rng.randint(1, 3))))
+    msgs = _maybe_system(rng, [])
+    msgs += [{"role": "user", "content": rng.choice(COPY_REQUESTS).format(v=v)},
+             {"role": "assistant", "content": v,
+              "reasoning_content": f"The user wants me to repeat \"{v}\"." if thinking else ""}]
+    return {"messages": msgs}
+
+
+# The base mix trains from scratch; the copy and novel mixes continue training on copy-heavy data (tool
+# calls with novel argument values, repetition requests) with enough of the rest to keep it.
+MIXES = {
+    "base": [("arithmetic", 45), ("tools", 15), ("prose", 18), ("dialogue", 15), ("raw", 5)],
+    "copy": [("arithmetic", 45), ("tools", 30), ("copy", 8), ("prose", 7), ("dialogue", 8), ("raw", 2)],
+    "novel": [("arithmetic", 45), ("tools", 30), ("copy", 8), ("prose", 7), ("dialogue", 8), ("raw", 2)],
+}
+
+
+def document(rng: random.Random, docs, mix: str = "base") -> tuple[str, str]:
     """(kind, text) of one training document."""
-    kind = _pick(rng, KIND_WEIGHTS)
+    kind = _pick(rng, MIXES[mix])
     thinking = rng.random() < 0.5
     if kind == "arithmetic":
         d = arithmetic_doc(rng, thinking)
     elif kind == "tools":
-        d = tool_doc(rng, thinking)
+        d = tool_doc(rng, thinking, mix if mix in ("copy", "novel") else "train")
+    elif kind == "copy":
+        d = copy_doc(rng, thinking)
     elif kind == "prose":
         d = prose_doc(rng, thinking, docs)
     elif kind == "dialogue":
@@ -644,13 +766,13 @@ def document(rng: random.Random, docs) -> tuple[str, str]:
     return kind, render(d["messages"], tools=d.get("tools"))
 
 
-def generate(seed: int, n_docs: int, docs_split: str = "train"):
+def generate(seed: int, n_docs: int, docs_split: str = "train", mix: str = "base"):
     """Yield (kind, text) for n_docs training documents; identical for identical arguments.
     docs_split="eval" draws the docstrings from the held-out split (for held-out text)."""
     rng = random.Random(seed)
     docs = doc_split(docs_split)
     for _ in range(n_docs):
-        yield document(rng, docs)
+        yield document(rng, docs, mix)
 
 
 def eval_sets() -> dict:
@@ -690,15 +812,21 @@ def eval_sets() -> dict:
 
 
 def check_heldout(texts) -> None:
-    """Assert that no held-out pair appears as 'A + B' / 'A - B' / 'A+B' in the given texts."""
+    """Assert that no held-out pair appears as 'A + B' / 'A - B' / 'A+B' in the given texts, and that no
+    tool-call argument (or the name before an e-mail's @) is a value reserved for evaluation."""
     bad = set()
     pat = re.compile(r"(?<![\d.])(\d+)(?: [-+] |\+)(\d+)(?![\d.])")
+    param = re.compile(r"<parameter=[^>\n]+>\n(.*?)\n</parameter>", re.S)
+    reserved = ToolValues("eval").reserved
     for t in texts:
         for m in pat.finditer(t):
             if (int(m.group(1)), int(m.group(2))) in _HELDOUT:
                 bad.add(m.group(0))
+        for m in param.finditer(t):
+            if m.group(1) in reserved or m.group(1).split("@")[0] in reserved:
+                bad.add(m.group(1))
     if bad:
-        raise AssertionError(f"held-out pairs in training text: {sorted(bad)[:10]}")
+        raise AssertionError(f"held-out values in training text: {sorted(bad)[:10]}")
 
 
 if __name__ == "__main__":

@@ -7,14 +7,19 @@ Through qwenrt (the C++ binary, greedy):
   arithmetic  `qwenrt run -m M -p "What is A + B?" --temp 0 [--no-think]` for the 200 held-out pairs;
               correct when the last integer of the printed reply (the content; reasoning is not
               printed) equals A + B.
-  tools       qwenrt run has no way to pass tool definitions, so the prompt is rendered here with the
-              official template (tools/chat/hf_render.py), tokenized with the model's tokenizer, and
-              `qwenrt logits --ids PROMPT+EXPECTED` is checked by teacher forcing: the argmax at every
-              position of the expected completion must be the expected token, through <|im_end|>.
-              That holds exactly when greedy decoding would print the expected completion (tool call
-              with the right name and arguments, well formed, then the stop token). With thinking on,
-              the expected completion includes the reasoning sentence the corpus writes for tool calls;
-              `call_given_reasoning` also reports the call alone, after that reasoning.
+  tools       `qwenrt run -m M --tools TOOLS.json -p USER --temp 0 -n 256 [--no-think]` for each held-out
+              case (TOOLS.json: the case's tool definitions; qwenrt renders them with the official
+              template, generates greedily and prints each parsed call as `[tool call] NAME(ARGS_JSON)`,
+              `[tool call (cut off)] ...` when the reply ended inside it). Correct when the exit code is 0
+              and there is exactly one call, complete, with the expected name and arguments (the same
+              keys; strings equal exactly, numbers equal numerically, so 250 == 250.0). Sets: tools_*
+              draws argument values from reserved lists never used in training, tools_train_values_*
+              draws them as training does (new cases, not new values); each with thinking on and off.
+              With --tools-teacher-forced the older check runs instead (keys tools_teacher_forced_*):
+              the prompt is rendered here (tools/chat/hf_render.py), tokenized with the HF tokenizer,
+              and `qwenrt logits` must give the expected token as argmax at every position of the
+              expected completion (with thinking on, the corpus's reasoning sentence, then the call,
+              then <|im_end|>); `call_given_reasoning` reports the call alone, after that reasoning.
   perplexity  `qwenrt perplexity -m M -f heldout.txt` (chunks of 512 from a fresh state; its default scoring).
 Through PyTorch (transformers on the CPU, float32, the HF checkpoint the GGUFs came from):
   mtp         on held-out text, how often the MTP head's top-1 draft for position p+2 (from the trunk's
@@ -41,6 +46,9 @@ sys.path.insert(0, str(HERE))
 import corpus  # noqa: E402
 
 NAMES = {"qwen35-chat-tiny": False, "qwen35moe-chat-tiny": True}   # stem -> moe
+TOOL_MODES = {"think": ("tools", True), "no_think": ("tools", False),             # mode -> (eval set, thinking)
+              "train_values_think": ("tools_train_values", True),
+              "train_values_no_think": ("tools_train_values", False)}
 
 
 def log(msg: str) -> None:
@@ -100,7 +108,7 @@ def qwenrt_logits(qwenrt: Path, gguf: Path, ids: list[int]) -> np.ndarray:
         return np.load(out)
 
 
-def tools_eval(qwenrt: Path, gguf: Path, tok: Tok, cases, thinking: bool, jobs: int) -> dict:
+def tools_teacher_forced(qwenrt: Path, gguf: Path, tok: Tok, cases, thinking: bool, jobs: int) -> dict:
     def one(case):
         p_ids, f_ids, call_at = tool_sequences(tok, case, thinking)
         logits = qwenrt_logits(qwenrt, gguf, f_ids)
@@ -119,8 +127,72 @@ def tools_eval(qwenrt: Path, gguf: Path, tok: Tok, cases, thinking: bool, jobs: 
         res = list(ex.map(one, cases))
     n_ok = sum(r["ok"] for r in res)
     n_call = sum(r["call_ok"] for r in res)
-    return {"correct": n_ok, "total": len(res), "accuracy": n_ok / len(res),
+    return {"method": "teacher_forced", "correct": n_ok, "total": len(res), "accuracy": n_ok / len(res),
             "call_given_reasoning": n_call / len(res), "max_tokens": max(r["tokens"] for r in res),
+            "failures": [r for r in res if not r["ok"]][:20]}
+
+
+TOOL_CALL_LINE = re.compile(r"^\[tool call( \(cut off\))?\] (.*?)\((.*)\)$")
+
+
+def parse_tool_calls(stdout: str) -> list[dict]:
+    """The `[tool call] NAME(ARGS_JSON)` lines qwenrt run prints (src/cli/session.cpp), in order."""
+    calls = []
+    for line in stdout.splitlines():
+        m = TOOL_CALL_LINE.match(line)
+        if not m:
+            continue
+        try:
+            args = json.loads(m[3])
+        except json.JSONDecodeError:
+            args = m[3]                     # kept raw; never equals the expected object
+        calls.append({"name": m[2], "arguments": args, "complete": m[1] is None})
+    return calls
+
+
+def same_value(want, got) -> bool:
+    """JSON equality where numbers compare numerically (250 == 250.0) and bools are not numbers."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return type(want) is type(got) and want == got
+    if isinstance(want, (int, float)):
+        return isinstance(got, (int, float)) and want == got
+    if isinstance(want, dict):
+        return isinstance(got, dict) and want.keys() == got.keys() and all(same_value(want[k], got[k]) for k in want)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(want) == len(got) and all(map(same_value, want, got))
+    return type(want) is type(got) and want == got
+
+
+def tools_generate(qwenrt: Path, gguf: Path, cases, thinking: bool, jobs: int, max_tokens: int = 256) -> dict:
+    """Greedy `qwenrt run --tools` on each case; see the module docstring for what counts as correct."""
+    def one(case):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8", delete=False) as f:
+            json.dump(case["tools"], f, ensure_ascii=False)
+        cmd = [str(qwenrt), "run", "-m", str(gguf), "--tools", f.name, "-p", case["user"], "--temp", "0",
+               "-n", str(max_tokens)] + ([] if thinking else ["--no-think"])
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            rc, out, err = r.returncode, r.stdout, r.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, out, err = "timeout", e.stdout or "", e.stderr or ""
+            out, err = [x.decode(errors="replace") if isinstance(x, bytes) else x for x in (out, err)]
+        finally:
+            Path(f.name).unlink(missing_ok=True)
+        calls = parse_tool_calls(out)
+        ok = (rc == 0 and len(calls) == 1 and calls[0]["complete"] and calls[0]["name"] == case["name"]
+              and same_value(case["arguments"], calls[0]["arguments"]))
+        finish = re.findall(r"\| (\w+)\]\s*$", err)
+        res = {"user": case["user"], "want": {"name": case["name"], "arguments": case["arguments"]},
+               "calls": calls, "stdout": out[:400], "rc": rc, "finish": finish[-1] if finish else None, "ok": ok}
+        if rc != 0:
+            res["stderr"] = err.strip()[-400:]
+        return res
+    with cf.ThreadPoolExecutor(jobs) as ex:
+        res = list(ex.map(one, cases))
+    n_ok = sum(r["ok"] for r in res)
+    return {"method": "generate", "correct": n_ok, "total": len(res), "accuracy": n_ok / len(res),
+            "no_call": sum(not r["calls"] for r in res), "several_calls": sum(len(r["calls"]) > 1 for r in res),
+            "right_name": sum(len(r["calls"]) == 1 and r["calls"][0]["name"] == r["want"]["name"] for r in res),
             "failures": [r for r in res if not r["ok"]][:20]}
 
 
@@ -188,20 +260,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--qwenrt", type=Path, default=HERE.parents[1] / "build-train/qwenrt")
     ap.add_argument("--gguf-dir", type=Path, required=True)
-    ap.add_argument("--hf-dir", type=Path, required=True, help="folder with dense/hf and moe/hf")
+    ap.add_argument("--hf-dir", type=Path, help="folder with dense/hf and moe/hf (for torch and --tools-teacher-forced)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--files", nargs="*", default=["qwen35-chat-tiny.Q8_0", "qwen35-chat-tiny.Q4_K_M",
                                                     "qwen35moe-chat-tiny.Q4_K_M"])
     ap.add_argument("--ppl-files", nargs="*", default=None, help="GGUF stems for perplexity (default: all six)")
     ap.add_argument("--n-arith", type=int, default=200)
-    ap.add_argument("--n-tools", type=int, default=100)
+    ap.add_argument("--n-tools", type=int, default=100, help="first N cases of each tool set")
+    ap.add_argument("--tool-max-tokens", type=int, default=256, help="qwenrt run -n for the tool cases")
+    ap.add_argument("--tools-teacher-forced", action="store_true",
+                    help="tools by teacher forcing through qwenrt logits (keys tools_teacher_forced_*) "
+                         "instead of greedy qwenrt run --tools")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--ppl-chunks", type=int, default=8)
     ap.add_argument("--mtp-chats", type=int, default=40, help="held-out docstring chats for MTP agreement")
-    ap.add_argument("--tool-modes", nargs="*", default=["think", "no_think", "train_values"],
-                    help="tool sets: think, no_think (held-out values), train_values (no thinking)")
+    ap.add_argument("--tool-modes", nargs="*", default=list(TOOL_MODES), choices=list(TOOL_MODES) + ["train_values"],
+                    help="tool sets: think, no_think (reserved held-out values), train_values_think, "
+                         "train_values_no_think (values as training draws them); train_values = train_values_no_think")
     ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: arithmetic tools ppl torch")
     args = ap.parse_args()
+    if args.hf_dir is None and ("torch" not in args.skip or (args.tools_teacher_forced and "tools" not in args.skip)):
+        ap.error("--hf-dir is needed for the torch section and for --tools-teacher-forced")
+    tool_modes = list(dict.fromkeys("train_values_no_think" if m == "train_values" else m for m in args.tool_modes))
 
     ev = corpus.eval_sets()
     report = json.loads(args.out.read_text()) if args.out.is_file() else {}
@@ -216,7 +296,6 @@ def main() -> None:
     for stem in args.files:
         gguf = args.gguf_dir / f"{stem}.gguf"
         moe = stem.startswith("qwen35moe")
-        tok = Tok(args.hf_dir / ("moe" if moe else "dense") / "hf")
         entry = report.setdefault(stem, {})
         if "arithmetic" not in args.skip:
             for thinking in (True, False):
@@ -226,20 +305,23 @@ def main() -> None:
                 log(f"  {entry[key]['correct']}/{entry[key]['total']}")
                 save()
         if "tools" not in args.skip:
-            for thinking in [m == "think" for m in args.tool_modes if m in ("think", "no_think")]:
-                key = f"tools_{'think' if thinking else 'no_think'}"
-                log(f"{stem}: {key}")
-                entry[key] = tools_eval(args.qwenrt, gguf, tok, ev["tools"][:args.n_tools], thinking, args.jobs)
-                log(f"  {entry[key]['correct']}/{entry[key]['total']} (call given reasoning "
-                    f"{entry[key]['call_given_reasoning']:.2f})")
+            tok = Tok(args.hf_dir / ("moe" if moe else "dense") / "hf") if args.tools_teacher_forced else None
+            for mode in tool_modes:
+                cases, thinking = TOOL_MODES[mode]
+                cases = ev[cases][:args.n_tools]
+                key = f"tools_{'teacher_forced_' if tok else ''}{mode}"
+                log(f"{stem}: {key} ({len(cases)} cases)")
+                t0 = time.time()
+                if tok:
+                    entry[key] = r = tools_teacher_forced(args.qwenrt, gguf, tok, cases, thinking, args.jobs)
+                else:
+                    entry[key] = r = tools_generate(args.qwenrt, gguf, cases, thinking, args.jobs,
+                                                    args.tool_max_tokens)
+                r["seconds"] = round(time.time() - t0, 1)
+                log(f"  {r['correct']}/{r['total']} in {r['seconds']} s" + (
+                    f" (call given reasoning {r['call_given_reasoning']:.2f})" if tok else
+                    f" (right name {r['right_name']}, no call {r['no_call']}, several {r['several_calls']})"))
                 save()
-            if "train_values" not in args.tool_modes:
-                continue
-            log(f"{stem}: tools_train_values_no_think")
-            entry["tools_train_values_no_think"] = r = tools_eval(
-                args.qwenrt, gguf, tok, ev["tools_train_values"][:args.n_tools], False, args.jobs)
-            log(f"  {r['correct']}/{r['total']}")
-            save()
     if "ppl" not in args.skip:
         stems = args.ppl_files if args.ppl_files is not None else [
             f"{n}.{q}" for n in NAMES for q in ("F16", "Q8_0", "Q4_K_M")]

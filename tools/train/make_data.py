@@ -2,6 +2,8 @@
 """Build the training data for the tiny chat models: corpus -> tokenizer -> packed token windows.
 
     python tools/train/make_data.py --out build-train-data
+    python tools/train/make_data.py --out build-train-copy --mix copy --seed 20261212 \
+        --docs 90000 --tokenizer build-train-data/tokenizer        # second-stage data, same tokenizer
 
 Writes into --out (a gitignored folder that travels to the GPU machine in `carry`):
   tokenizer/        tokenizer.json + tokenizer_config.json (official chat template), HF layout
@@ -78,17 +80,28 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE.parents[1] / "build-train-data")
     ap.add_argument("--docs", type=int, default=110000)
     ap.add_argument("--seed", type=int, default=corpus.SEED)
+    ap.add_argument("--mix", choices=sorted(corpus.MIXES), default="base", help="document mix (corpus.MIXES)")
+    ap.add_argument("--tokenizer", type=Path, help="reuse this tokenizer folder (a stage-1 data dir's "
+                    "tokenizer/) instead of training one: a second stage must keep the first stage's vocabulary")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    log("training tokenizer")
-    tok = build_tokenizer(args.out, args.seed)
+    if args.tokenizer:
+        from tokenizers import Tokenizer
+        log(f"reusing tokenizer {args.tokenizer}")
+        (args.out / "tokenizer").mkdir(exist_ok=True)
+        for f in args.tokenizer.iterdir():
+            (args.out / "tokenizer" / f.name).write_bytes(f.read_bytes())
+        tok = Tokenizer.from_file(str(args.out / "tokenizer" / "tokenizer.json"))
+    else:
+        log("training tokenizer")
+        tok = build_tokenizer(args.out, args.seed)
     vocab = tok.get_vocab()
     assert tok.get_vocab_size() <= VOCAB_ROWS
 
-    log(f"generating {args.docs} documents")
+    log(f"generating {args.docs} documents ({args.mix} mix)")
     kinds, texts = [], []
-    for k, t in corpus.generate(args.seed, args.docs):
+    for k, t in corpus.generate(args.seed, args.docs, mix=args.mix):
         kinds.append(k)
         texts.append(t)
     corpus.check_heldout(texts)
@@ -111,7 +124,8 @@ def main() -> None:
     (args.out / "eval.json").write_text(json.dumps(ev, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
 
     manifest = {
-        "generator": "tools/train/make_data.py", "seed": args.seed, "documents": args.docs,
+        "generator": "tools/train/make_data.py", "seed": args.seed, "mix": args.mix,
+        "tokenizer_from": str(args.tokenizer) if args.tokenizer else None, "documents": args.docs,
         "documents_by_kind": dict(collections.Counter(kinds)), "tokens_by_kind": dict(tokens_by_kind),
         "tokens": n_real, "windows": len(windows), "seq_len": SEQ_LEN, "dropped_too_long": dropped,
         "bpe_tokens": N_BPE, "tokenizer_tokens": tok.get_vocab_size(), "vocab_rows": VOCAB_ROWS,

@@ -3,6 +3,8 @@
 
     python tools/train/train.py --model dense --data build-train-data --out OUT/dense \
         --steps 3000 --time-limit 420
+    python tools/train/train.py --model dense --data build-train-copy --out OUT2/dense \
+        --init OUT/dense/hf --lr 1e-3 --warmup 50 --time-limit 420      # second stage
 
 Loss = CE(next token) + MTP_WEIGHT * CE(token after next, from the MTP head)
        [+ AUX_WEIGHT * router load-balancing loss for the MoE model].
@@ -73,6 +75,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--init", type=Path, help="start from this checkpoint (an OUT/hf folder) instead of random "
+                    "weights; the optimizer state starts fresh")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -88,7 +92,10 @@ def main() -> None:
     data = torch.from_numpy(windows.astype(np.int64)).to(dev)
     n_win, seq_len = data.shape
 
-    model, mtp = tiny_models.build(args.model, manifest["vocab_rows"], manifest["eos_id"], pad_id, SEED)
+    if args.init:
+        model, mtp = tiny_models.load(args.init, args.model == "moe")
+    else:
+        model, mtp = tiny_models.build(args.model, manifest["vocab_rows"], manifest["eos_id"], pad_id, SEED)
     model.to(dev).train()
     mtp.to(dev).train()
     moe = args.model == "moe"
@@ -175,7 +182,8 @@ def main() -> None:
     wall = time.time() - t0
     summary = {"model": args.model, "trunk_params": n_params, "mtp_params": n_mtp, "steps": step,
                "tokens": tokens, "seconds": round(wall, 1), "tokens_per_second": round(tokens / wall),
-               "batch": args.batch, "seq_len": seq_len, "peak_lr": args.lr, "warmup": args.warmup,
+               "batch": args.batch, "seq_len": seq_len, "init": str(args.init) if args.init else None,
+               "data_mix": manifest.get("mix", "base"), "peak_lr": args.lr, "warmup": args.warmup,
                "mtp_weight": MTP_WEIGHT, "aux_weight": AUX_WEIGHT if moe else 0.0, "seed": SEED,
                "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                "torch": torch.__version__, "transformers": transformers.__version__,

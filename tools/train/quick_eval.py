@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Fast teacher-forced check of a trained checkpoint in PyTorch (for picking among training runs on the
+GPU machine; the reported numbers come from tools/train/eval.py through qwenrt).
+
+    python tools/train/quick_eval.py --hf OUT/dense/hf --data build-train-copy [--moe] [--out r.json]
+
+For each held-out case the whole expected reply is rendered with the official template and run through
+the model once: the case passes when the argmax at every position of the reply is the expected token,
+through <|im_end|> (what greedy decoding would print, token for token).
+  tools       the 100 held-out tool cases (argument values from reserved lists), thinking on and off;
+              with thinking on the reply holds the corpus's reasoning sentence, `call` counts the call alone
+  arithmetic  the 200 held-out pairs "What is A + B?", thinking on (the digit-by-digit working) and off
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import corpus  # noqa: E402
+import tiny_models  # noqa: E402
+
+
+def score(model, tok, im_end, user, reply, thinking, dev, tools=None, mark=None):
+    """(reply ok, ok from `mark` in the reply on) under teacher forcing."""
+    prompt = corpus.render(user, tools=tools, add_generation_prompt=True, enable_thinking=thinking)
+    full = corpus.render(user + [reply], tools=tools)
+    assert full.startswith(prompt) and full.endswith("<|im_end|>\n")
+    full = full[:-1]
+    p_ids = tok.encode(prompt, add_special_tokens=False).ids
+    f_ids = tok.encode(full, add_special_tokens=False).ids
+    assert f_ids[:len(p_ids)] == p_ids and f_ids[-1] == im_end
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([f_ids], device=dev)).logits[0]
+    pred = logits[len(p_ids) - 1:len(f_ids) - 1].argmax(-1).cpu()
+    match = pred == torch.tensor(f_ids[len(p_ids):])
+    at = len(tok.encode(full[:full.index(mark)], add_special_tokens=False).ids) - len(p_ids) if mark else 0
+    return bool(match.all()), bool(match[at:].all())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hf", type=Path, required=True)
+    ap.add_argument("--data", type=Path, required=True, help="a make_data.py folder (eval.json, tokenizer/)")
+    ap.add_argument("--moe", action="store_true")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(args.data / "tokenizer" / "tokenizer.json"))
+    im_end = tok.token_to_id("<|im_end|>")
+    ev = json.loads((args.data / "eval.json").read_text(encoding="utf-8"))
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, _ = tiny_models.load(args.hf, args.moe)
+    model.to(dev)
+    report = {"hf": str(args.hf)}
+    for thinking in (True, False):
+        ok = call = 0
+        for c in ev["tools"]:
+            fn = {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            reply = {"role": "assistant", "content": "", "tool_calls": [fn],
+                     "reasoning_content": c["reasoning"] if thinking else ""}
+            a, b = score(model, tok, im_end, [{"role": "user", "content": c["user"]}], reply, thinking, dev,
+                         tools=c["tools"], mark="<tool_call>")
+            ok += a
+            call += b
+        n = len(ev["tools"])
+        report[f"tools_{'think' if thinking else 'nothink'}"] = {"ok": ok, "call": call, "total": n}
+        ok = 0
+        for p in ev["arithmetic"]:
+            a, b = p["a"], p["b"]
+            reply = {"role": "assistant", "content": f"{a} + {b} = {a + b}.",
+                     "reasoning_content": corpus.add_working(a, b) if thinking else ""}
+            ok += score(model, tok, im_end, [{"role": "user", "content": p["prompt"]}], reply, thinking, dev)[0]
+        report[f"arith_{'think' if thinking else 'nothink'}"] = {"ok": ok, "total": len(ev["arithmetic"])}
+    print(json.dumps(report), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
