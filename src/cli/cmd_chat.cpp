@@ -12,11 +12,6 @@
 namespace qwenrt::cli {
 namespace {
 
-struct ChatOptions {
-  TurnOptions turn;
-  std::string system;
-};
-
 // Reads one user message; nullopt at end of input.
 std::optional<std::string> read_message(bool tty) {
   std::string message, line;
@@ -42,17 +37,11 @@ std::optional<std::string> read_message(bool tty) {
   return std::nullopt;
 }
 
-int run_chat(const ChatOptions& opt) {
-  require_utf8(opt.system, "the system message");
-  Session session(opt.turn);
+int run_chat(const TurnOptions& opt) {
+  chat::Json messages = start_messages(opt);
+  Session session(opt);
   const bool tty = isatty(STDIN_FILENO);
-  bool thinking = !opt.turn.no_think;
-  auto fresh = [&] {
-    chat::Json m = chat::Json::array();
-    if (!opt.system.empty()) m.push_back({{"role", "system"}, {"content", opt.system}});
-    return m;
-  };
-  chat::Json messages = fresh();
+  bool thinking = !opt.no_think;
   if (tty)
     std::fputs("qwenrt chat: /reset, /think on|off, /exit; end a line with \\ to continue it\n",
                stdout);
@@ -60,7 +49,7 @@ int run_chat(const ChatOptions& opt) {
     const std::string& text = *input;
     if (text == "/exit" || text == "/quit") break;
     if (text == "/reset") {
-      messages = fresh();
+      messages = start_messages(opt);
       std::puts("(history cleared)");
       continue;
     }
@@ -90,10 +79,9 @@ int run_chat(const ChatOptions& opt) {
 }  // namespace
 
 Run add_chat(CLI::App& app) {
-  auto opt = std::make_shared<ChatOptions>();
+  auto opt = std::make_shared<TurnOptions>();
   auto* sub = app.add_subcommand("chat", "Interactive chat with history");
-  add_turn_options(sub, opt->turn);
-  sub->add_option("-s,--system", opt->system, "A system message");
+  add_turn_options(sub, *opt);
   return [opt] { return run_chat(*opt); };
 }
 

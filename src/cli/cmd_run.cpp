@@ -11,16 +11,13 @@ namespace {
 struct RunOptions {
   TurnOptions turn;
   std::string prompt;
-  std::string system;
   std::string tools;  // JSON file: an array of tool definitions
 };
 
 int run_run(const RunOptions& opt) {
   require_utf8(opt.prompt, "the prompt");
-  require_utf8(opt.system, "the system message");
+  chat::Json messages = start_messages(opt.turn);
   Session session(opt.turn);
-  chat::Json messages = chat::Json::array();
-  if (!opt.system.empty()) messages.push_back({{"role", "system"}, {"content", opt.system}});
   messages.push_back({{"role", "user"}, {"content", opt.prompt}});
   chat::Json tools = nullptr;
   if (!opt.tools.empty()) {
@@ -45,7 +42,6 @@ Run add_run(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Answer one prompt, streaming the reply");
   add_turn_options(sub, opt->turn);
   sub->add_option("-p,--prompt", opt->prompt, "The user message")->required();
-  sub->add_option("-s,--system", opt->system, "A system message");
   sub->add_option("--tools", opt->tools,
                   "JSON file: an array of tool definitions the model may call");
   return [opt] { return run_run(*opt); };

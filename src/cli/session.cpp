@@ -15,6 +15,7 @@ namespace qwenrt::cli {
 
 void add_turn_options(CLI::App* sub, TurnOptions& opt) {
   sub->add_option("-m,--model", opt.model, "GGUF model (default: the embedded tiny chat model)");
+  sub->add_option("-s,--system", opt.system, "A system message");
   sub->add_flag("--no-think", opt.no_think, "Answer without thinking (empty think block)");
   sub->add_flag("--show-thinking", opt.show_thinking, "Print the reasoning (dimmed on a terminal)");
   sub->add_option("-n,--max-tokens", opt.max_tokens, "Maximum tokens to generate")
@@ -41,6 +42,13 @@ void require_utf8(std::string_view text, std::string_view what) {
            static_cast<uint8_t>(text[pos]), pos);
     pos += n;
   }
+}
+
+chat::Json start_messages(const TurnOptions& opt) {
+  require_utf8(opt.system, "the system message");
+  chat::Json messages = chat::Json::array();
+  if (!opt.system.empty()) messages.push_back({{"role", "system"}, {"content", opt.system}});
+  return messages;
 }
 
 std::string resolve_model(const std::string& model) {

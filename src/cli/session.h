@@ -19,7 +19,8 @@ namespace qwenrt::cli {
 
 // Options both commands take.
 struct TurnOptions {
-  std::string model;  // empty: the embedded default model
+  std::string model;   // empty: the embedded default model
+  std::string system;  // the system message; empty: none
   bool no_think = false;
   bool show_thinking = false;
   int max_tokens = 1024;
@@ -36,6 +37,10 @@ std::function<void(uint64_t, uint64_t)> load_progress_bar();
 
 // Error naming `what` and the offset of the first invalid byte unless `text` is valid UTF-8.
 void require_utf8(std::string_view text, std::string_view what);
+
+// The history a conversation starts from: the system message, if there is one (Error unless it
+// is valid UTF-8).
+chat::Json start_messages(const TurnOptions& opt);
 
 // The model path: -m if given, else the embedded default model; Error when neither exists.
 std::string resolve_model(const std::string& model);

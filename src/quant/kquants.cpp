@@ -5,9 +5,12 @@
 // and make_q3_quants, with the same float operations in the same order, so our bytes are the
 // ones ggml's reference quantiser writes. Products that feed a sum are kept in named floats so no
 // compiler can fuse them into an FMA and change the rounding.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <type_traits>
 
 #include "quant/blocks.h"
 #include "quant/quant.h"
@@ -121,9 +124,9 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
   return scale;
 }
 
-// Symmetric fit x ~ scale * (L - nmax), L in [0, 2 nmax - 1], weights x^2 (make_qx_quants with
-// rmse_type 1 and no importance weights): 18 trial scales around nmax / max.
-float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
+// The value of largest magnitude in x[0..n), the first of equals; 0 when every |x| is 0 (NaNs are
+// passed over).
+float max_by_magnitude(int n, const float* x) {
   float max = 0;
   float amax = 0;
   for (int i = 0; i < n; ++i) {
@@ -133,65 +136,18 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
       max = x[i];
     }
   }
-  if (amax < kGroupMaxEps) {
-    for (int i = 0; i < n; ++i) L[i] = 0;
-    return 0.0f;
-  }
-  // Accumulates sum(w x l) and sum(w l^2) for levels at inverse scale `iscale`.
-  auto fit = [&](float iscale, float& sumlx, float& suml2, bool store) {
-    sumlx = 0;
-    suml2 = 0;
-    for (int i = 0; i < n; ++i) {
-      const int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-      if (store) L[i] = static_cast<int8_t>(l + nmax);
-      const float w = x[i] * x[i];
-      const float wx = w * x[i];
-      const float wxl = wx * l;
-      const float wl = w * l;
-      const float wll = wl * l;
-      sumlx += wxl;
-      suml2 += wll;
-    }
-  };
-  float sumlx, suml2;
-  fit(-nmax / max, sumlx, suml2, true);
-  float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
-  float best = scale * sumlx;
-  for (int is = -9; is <= 9; ++is) {
-    if (is == 0) continue;
-    const float step = 0.1f * is;
-    const float iscale = -(nmax + step) / max;
-    fit(iscale, sumlx, suml2, false);
-    const float gain = sumlx * sumlx;
-    const float bound = best * suml2;
-    if (suml2 > 0 && gain > bound) {
-      fit(iscale, sumlx, suml2, true);
-      scale = sumlx / suml2;
-      best = scale * sumlx;
-    }
-  }
-  return scale;
+  return max;
 }
 
-// Symmetric 3-bit fit with x^2 weights and up to 5 rounds of per-element level refinement
-// (make_q3_quants with do_rmse). L in [0, 2 nmax - 1].
-float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
-  float max = 0;
-  float amax = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
-  if (amax < kGroupMaxEps) {
-    for (int i = 0; i < n; ++i) L[i] = 0;
-    return 0.0f;
-  }
-  const float iscale = -nmax / max;
+// sum(w x l) and sum(w l^2) of a symmetric fit, with weights w = x^2.
+struct X2Sums {
   float sumlx = 0;
   float suml2 = 0;
+};
+
+// Signed levels l = clamp(round(iscale * x), -nmax, nmax - 1) into L, and their X2Sums.
+X2Sums fit_levels_x2(int n, int nmax, const float* x, float iscale, int8_t* L) {
+  X2Sums sums;
   for (int i = 0; i < n; ++i) {
     const int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
     L[i] = static_cast<int8_t>(l);
@@ -200,9 +156,61 @@ float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
     const float wxl = wx * l;
     const float wl = w * l;
     const float wll = wl * l;
-    sumlx += wxl;
-    suml2 += wll;
+    sums.sumlx += wxl;
+    sums.suml2 += wll;
   }
+  return sums;
+}
+
+// Where both symmetric fits start: signed levels at iscale = -nmax / max, max being the value of
+// largest magnitude. nullopt, with every L 0, for a group ggml treats as all zero.
+struct SymmetricStart {
+  float max;
+  X2Sums sums;
+};
+
+std::optional<SymmetricStart> start_symmetric_fit(int n, int nmax, const float* x, int8_t* L) {
+  const float max = max_by_magnitude(n, x);
+  if (std::fabs(max) < kGroupMaxEps) {
+    std::fill_n(L, n, int8_t{0});
+    return std::nullopt;
+  }
+  return SymmetricStart{.max = max, .sums = fit_levels_x2(n, nmax, x, -nmax / max, L)};
+}
+
+// Symmetric fit x ~ scale * (L - nmax), L in [0, 2 nmax - 1], weights x^2 (make_qx_quants with
+// rmse_type 1 and no importance weights): 18 trial scales around nmax / max. n <= 32.
+float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
+  const std::optional<SymmetricStart> start = start_symmetric_fit(n, nmax, x, L);
+  if (!start) return 0.0f;
+  const X2Sums& first = start->sums;
+  float scale = first.suml2 != 0 ? first.sumlx / first.suml2 : 0.0f;
+  float best = scale * first.sumlx;
+  int8_t trial[32];
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    const float step = 0.1f * is;
+    const float iscale = -(nmax + step) / start->max;
+    const X2Sums sums = fit_levels_x2(n, nmax, x, iscale, trial);
+    const float gain = sums.sumlx * sums.sumlx;
+    const float bound = best * sums.suml2;
+    if (sums.suml2 > 0 && gain > bound) {
+      std::copy_n(trial, n, L);
+      scale = sums.sumlx / sums.suml2;
+      best = scale * sums.sumlx;
+    }
+  }
+  for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(L[i] + nmax);
+  return scale;
+}
+
+// Symmetric 3-bit fit with x^2 weights and up to 5 rounds of per-element level refinement
+// (make_q3_quants with do_rmse). L in [0, 2 nmax - 1].
+float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
+  const std::optional<SymmetricStart> start = start_symmetric_fit(n, nmax, x, L);
+  if (!start) return 0.0f;
+  float sumlx = start->sums.sumlx;
+  float suml2 = start->sums.suml2;
   for (int itry = 0; itry < 5; ++itry) {
     int n_changed = 0;
     for (int i = 0; i < n; ++i) {
@@ -237,18 +245,27 @@ float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
   return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-// Q4_K / Q5_K: sub-block j's 6-bit scale and min (ggml's get_scale_min_k4).
-void get_scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+// Q4_K / Q5_K sub-block j (32 elements): x = scale * q - min, from the block's d and dmin and
+// the j-th of the eight 6-bit scale / min pairs packed in q (ggml's get_scale_min_k4).
+struct ScaleMin {
+  float scale;
+  float min;
+};
+
+ScaleMin scale_min_k4(int j, const uint8_t* q, float d, float dmin) {
+  int sc, m;
   if (j < 4) {
     sc = q[j] & 63;
     m = q[j + 4] & 63;
   } else {
-    sc = static_cast<uint8_t>((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
+  return {.scale = d * static_cast<float>(sc), .min = dmin * static_cast<float>(m)};
 }
 
-// The inverse of get_scale_min_k4 for j = 0..7 in order (j >= 4 ORs into bytes j < 4 wrote).
+// The inverse of scale_min_k4's unpacking for j = 0..7 in order (j >= 4 ORs into bytes j < 4
+// wrote).
 void set_scale_min_k4(int j, uint8_t ls, uint8_t lm, uint8_t* q) {
   if (j < 4) {
     q[j] = ls;
@@ -315,15 +332,33 @@ void quantize_scales_mins_k(const float* x, int nmax, float rmin, int nstep, uin
   d_out = fp32_to_fp16(max_scale / 63.f);
   dmin_out = fp32_to_fp16(max_min / 63.f);
 
+  const float d = fp16_to_fp32(d_out);
+  const float dmin = fp16_to_fp32(dmin_out);
   for (int j = 0; j < kQK_K / 32; ++j) {
-    uint8_t sc, m;
-    get_scale_min_k4(j, scales_out, sc, m);
-    const float d = fp16_to_fp32(d_out) * sc;
-    if (d == 0.0f) continue;  // keep the levels make_qkx2_quants chose
-    const float dm = fp16_to_fp32(dmin_out) * m;
+    const auto [scale, min] = scale_min_k4(j, scales_out, d, dmin);
+    if (scale == 0.0f) continue;  // keep the levels make_qkx2_quants chose
     for (int ii = 0; ii < 32; ++ii) {
-      const int l = nearest_int((x[32 * j + ii] + dm) / d);
+      const int l = nearest_int((x[32 * j + ii] + min) / scale);
       L[32 * j + ii] = static_cast<uint8_t>(clamp_int(l, 0, nmax));
+    }
+  }
+}
+
+// Q4_K and Q5_K: sub-block j's level of element l is nibble j % 2 of qs[32 * (j / 2) + l], plus
+// 16 for bit j of qh[l] in Q5_K.
+template <class Block>
+void dequantize_k4(const Block& b, float* y) {
+  const float d = fp16_to_fp32(b.d);
+  const float dmin = fp16_to_fp32(b.dmin);
+  for (int j = 0; j < kQK_K / 32; ++j) {
+    const auto [scale, min] = scale_min_k4(j, b.scales, d, dmin);
+    const uint8_t* q = b.qs + 32 * (j / 2);
+    const int shift = 4 * (j % 2);
+    for (int l = 0; l < 32; ++l) {
+      int level = (q[l] >> shift) & 0x0f;
+      if constexpr (std::is_same_v<Block, BlockQ5_K>) level += ((b.qh[l] >> j) & 1) << 4;
+      const float scaled = scale * static_cast<float>(level);
+      *y++ = scaled - min;
     }
   }
 }
@@ -426,16 +461,8 @@ void quantize_block(const float* x, BlockQ3_K& b) {
   int8_t L[kQK_K];
   float scales[kQK_K / 16];
 
-  float max_scale = 0;
-  float amax = 0;
-  for (int j = 0; j < kQK_K / 16; ++j) {
-    scales[j] = make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
-    const float scale = std::fabs(scales[j]);
-    if (scale > amax) {
-      amax = scale;
-      max_scale = scales[j];
-    }
-  }
+  for (int j = 0; j < kQK_K / 16; ++j) scales[j] = make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
+  const float max_scale = max_by_magnitude(kQK_K / 16, scales);
 
   std::memset(b.scales, 0, sizeof b.scales);
   if (max_scale != 0.0f) {
@@ -481,22 +508,7 @@ void quantize_block(const float* x, BlockQ3_K& b) {
 // --- Q4_K: x = d * scale_j * q - dmin * min_j, q in 0..15 ------------------------------------
 
 void dequantize_block(const BlockQ4_K& b, float* y) {
-  const float d = fp16_to_fp32(b.d);
-  const float min = fp16_to_fp32(b.dmin);
-  for (int p = 0; p < kQK_K / 64; ++p) {
-    const uint8_t* q = b.qs + 32 * p;
-    for (int half = 0; half < 2; ++half) {
-      uint8_t sc, m;
-      get_scale_min_k4(2 * p + half, b.scales, sc, m);
-      const float d1 = d * static_cast<float>(sc);
-      const float m1 = min * static_cast<float>(m);
-      for (int l = 0; l < 32; ++l) {
-        const int level = half == 0 ? (q[l] & 0x0f) : (q[l] >> 4);
-        const float scaled = d1 * static_cast<float>(level);
-        *y++ = scaled - m1;
-      }
-    }
-  }
+  dequantize_k4(b, y);
 }
 
 void quantize_block(const float* x, BlockQ4_K& b) {
@@ -512,24 +524,7 @@ void quantize_block(const float* x, BlockQ4_K& b) {
 // --- Q5_K: as Q4_K with a fifth bit per element in qh ----------------------------------------
 
 void dequantize_block(const BlockQ5_K& b, float* y) {
-  const float d = fp16_to_fp32(b.d);
-  const float min = fp16_to_fp32(b.dmin);
-  for (int p = 0; p < kQK_K / 64; ++p) {
-    const uint8_t* ql = b.qs + 32 * p;
-    for (int half = 0; half < 2; ++half) {
-      uint8_t sc, m;
-      get_scale_min_k4(2 * p + half, b.scales, sc, m);
-      const float d1 = d * static_cast<float>(sc);
-      const float m1 = min * static_cast<float>(m);
-      const auto hbit = static_cast<uint8_t>(1u << (2 * p + half));
-      for (int l = 0; l < 32; ++l) {
-        const int low = half == 0 ? (ql[l] & 0x0f) : (ql[l] >> 4);
-        const int level = low + ((b.qh[l] & hbit) ? 16 : 0);
-        const float scaled = d1 * static_cast<float>(level);
-        *y++ = scaled - m1;
-      }
-    }
-  }
+  dequantize_k4(b, y);
 }
 
 void quantize_block(const float* x, BlockQ5_K& b) {
@@ -583,18 +578,9 @@ void quantize_block(const float* x, BlockQ6_K& b) {
   int8_t L[kQK_K];
   float scales[kQK_K / 16];
 
-  float max_scale = 0;
-  float max_abs_scale = 0;
-  for (int ib = 0; ib < kQK_K / 16; ++ib) {
-    scales[ib] = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
-    const float abs_scale = std::fabs(scales[ib]);
-    if (abs_scale > max_abs_scale) {
-      max_abs_scale = abs_scale;
-      max_scale = scales[ib];
-    }
-  }
-
-  if (max_abs_scale < kGroupMaxEps) {
+  for (int j = 0; j < kQK_K / 16; ++j) scales[j] = make_qx_quants(16, 32, x + 16 * j, L + 16 * j);
+  const float max_scale = max_by_magnitude(kQK_K / 16, scales);
+  if (std::fabs(max_scale) < kGroupMaxEps) {
     std::memset(&b, 0, sizeof b);  // d = 0: every element decodes to 0
     return;
   }

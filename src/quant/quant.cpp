@@ -100,6 +100,31 @@ void quantize_blocks(const float* src, uint8_t* dst, int64_t n_blocks) {
   }
 }
 
+// F32 is copied; F16 and BF16 are widened one element at a time (the source may be unaligned).
+void float_type_to_f32(DType type, const uint8_t* src, float* dst, int64_t n) {
+  if (type == DType::F32) {
+    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, sizeof h);
+    dst[i] = type == DType::F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+  }
+}
+
+// The inverse: F32 is copied; F16 and BF16 are rounded to 16 bits.
+void f32_to_float_type(DType type, const float* src, uint8_t* dst, int64_t n) {
+  if (type == DType::F32) {
+    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = type == DType::F16 ? fp32_to_fp16(src[i]) : fp32_to_bf16(src[i]);
+    std::memcpy(dst + 2 * i, &h, sizeof h);
+  }
+}
+
 }  // namespace
 
 bool can_dequantize(DType type) {
@@ -113,46 +138,19 @@ bool can_quantize(DType type) {
 void dequantize(DType type, const void* src, float* dst, int64_t n, std::string_view what) {
   const DTypeTraits& t = check_args("dequantisation", can_dequantize, type, src, dst, n, what);
   const auto* bytes = static_cast<const uint8_t*>(src);
+  if (is_float_type(type)) return float_type_to_f32(type, bytes, dst, n);
   const int64_t n_blocks = n / t.block_elems;
-  switch (type) {
-    case DType::F32:
-      if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-      return;
-    case DType::F16:
-    case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, bytes + 2 * i, sizeof h);
-        dst[i] = type == DType::F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
-      }
-      return;
-    default:
-      with_block_type(
-          type, [&](auto block) { dequantize_blocks<decltype(block)>(bytes, dst, n_blocks); });
-      return;
-  }
+  with_block_type(type,
+                  [&](auto block) { dequantize_blocks<decltype(block)>(bytes, dst, n_blocks); });
 }
 
 void quantize(DType type, const float* src, void* dst, int64_t n, std::string_view what) {
   const DTypeTraits& t = check_args("quantisation", can_quantize, type, src, dst, n, what);
   auto* bytes = static_cast<uint8_t*>(dst);
+  if (is_float_type(type)) return f32_to_float_type(type, src, bytes, n);
   const int64_t n_blocks = n / t.block_elems;
-  switch (type) {
-    case DType::F32:
-      if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-      return;
-    case DType::F16:
-    case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = type == DType::F16 ? fp32_to_fp16(src[i]) : fp32_to_bf16(src[i]);
-        std::memcpy(bytes + 2 * i, &h, sizeof h);
-      }
-      return;
-    default:
-      with_block_type(type,
-                      [&](auto block) { quantize_blocks<decltype(block)>(src, bytes, n_blocks); });
-      return;
-  }
+  with_block_type(type,
+                  [&](auto block) { quantize_blocks<decltype(block)>(src, bytes, n_blocks); });
 }
 
 }  // namespace qwenrt::quant

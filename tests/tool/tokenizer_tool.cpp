@@ -18,9 +18,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,19 +27,14 @@
 #include "tokenizer/nfc.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
+#include "tool_main.h"
 
 namespace {
 
 using qwenrt::fail;
+using qwenrt::tool::read_file;
+using qwenrt::tool::write_file;
 namespace tk = qwenrt::tokenizer;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open for reading", path);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail("{}: read error", path);
-  return bytes;
-}
 
 struct Record {
   bool parse_special;
@@ -105,7 +97,7 @@ int cmd_encode(const std::vector<std::string>& args) {
     out += "], \"decoded\": \"" + hex(tokenizer.decode(ids)) + "\", \"stream\": \"" +
            hex(streamed) + "\"}\n";
   }
-  std::ofstream(args[2], std::ios::binary) << out;
+  write_file(args[2], out);
   return 0;
 }
 
@@ -119,7 +111,7 @@ int cmd_nfc(const std::vector<std::string>& args) {
     for (int i = 0; i < 4; ++i) out += static_cast<char>(length >> (8 * i) & 0xFF);
     out += normalized;
   }
-  std::ofstream(args[1], std::ios::binary) << out;
+  write_file(args[1], out);
   return 0;
 }
 
@@ -137,7 +129,7 @@ int cmd_pretokenize(const std::vector<std::string>& args) {
     });
     out += "]\n";
   }
-  std::ofstream(args[1], std::ios::binary) << out;
+  write_file(args[1], out);
   return 0;
 }
 
@@ -170,45 +162,15 @@ int cmd_bench(const std::vector<std::string>& args) {
   return 0;
 }
 
-struct Command {
-  std::string_view name;
-  std::string_view usage;
-  size_t min_args, max_args;
-  int (*run)(const std::vector<std::string>& args);
-};
-
-constexpr Command kCommands[] = {
+constexpr qwenrt::tool::Command kCommands[] = {
     {"encode", "MODEL.gguf IN.bin OUT.jsonl [--no-nfc]", 3, 4, cmd_encode},
     {"nfc", "IN.bin OUT.bin", 2, 2, cmd_nfc},
     {"pretokenize", "IN.bin OUT.jsonl", 2, 2, cmd_pretokenize},
     {"bench", "MODEL.gguf TEXT REPEATS", 3, 3, cmd_bench},
 };
 
-int usage() {
-  std::fprintf(stderr, "usage:\n");
-  for (const auto& c : kCommands) {
-    std::fprintf(stderr, "  tokenizer_tool %.*s %.*s\n", static_cast<int>(c.name.size()),
-                 c.name.data(), static_cast<int>(c.usage.size()), c.usage.data());
-  }
-  return 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return usage();
-  const std::string_view name = argv[1];
-  for (const auto& c : kCommands) {
-    if (c.name != name) continue;
-    std::vector<std::string> args(argv + 2, argv + argc);
-    if (args.size() < c.min_args || args.size() > c.max_args) return usage();
-    try {
-      return c.run(args);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "tokenizer_tool: error: %s\n", e.what());
-      return 1;
-    }
-  }
-  std::fprintf(stderr, "tokenizer_tool: error: unknown subcommand '%s'\n", argv[1]);
-  return usage();
+  return qwenrt::tool::tool_main("tokenizer_tool", kCommands, argc, argv);
 }
