@@ -7,8 +7,9 @@ GPU machine; the reported numbers come from tools/train/eval.py through qwenrt).
 For each held-out case the whole expected reply is rendered with the official template and run through
 the model once: the case passes when the argmax at every position of the reply is the expected token,
 through <|im_end|> (what greedy decoding would print, token for token).
-  tools       the 100 held-out tool cases (argument values from reserved lists), thinking on and off;
-              with thinking on the reply holds the corpus's reasoning sentence, `call` counts the call alone
+  tools       the 100 held-out tool cases (argument values from reserved lists; with --tool-sets also
+              the 100 new cases with values drawn as stage 1 draws them), thinking on and off; with
+              thinking on the reply holds the corpus's reasoning sentence, `call` counts the call alone
   arithmetic  the 200 held-out pairs "What is A + B?", thinking on (the digit-by-digit working) and off
 """
 import argparse
@@ -48,6 +49,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="a make_data.py folder (eval.json, tokenizer/)")
     ap.add_argument("--moe", action="store_true")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--tool-sets", nargs="+", default=["tools"], choices=["tools", "tools_train_values"],
+                    help="eval.json tool sets: reserved values (tools), values drawn as stage 1 draws them")
+    ap.add_argument("--no-arithmetic", action="store_true")
     args = ap.parse_args()
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(args.data / "tokenizer" / "tokenizer.json"))
@@ -58,24 +62,27 @@ def main() -> None:
     model.to(dev)
     report = {"hf": str(args.hf)}
     for thinking in (True, False):
-        ok = call = 0
-        for c in ev["tools"]:
-            fn = {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-            reply = {"role": "assistant", "content": "", "tool_calls": [fn],
-                     "reasoning_content": c["reasoning"] if thinking else ""}
-            a, b = score(model, tok, im_end, [{"role": "user", "content": c["user"]}], reply, thinking, dev,
-                         tools=c["tools"], mark="<tool_call>")
-            ok += a
-            call += b
-        n = len(ev["tools"])
-        report[f"tools_{'think' if thinking else 'nothink'}"] = {"ok": ok, "call": call, "total": n}
+        mode = "think" if thinking else "nothink"
+        for key in args.tool_sets:
+            ok = call = 0
+            for c in ev[key]:
+                fn = {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                reply = {"role": "assistant", "content": "", "tool_calls": [fn],
+                         "reasoning_content": c["reasoning"] if thinking else ""}
+                a, b = score(model, tok, im_end, [{"role": "user", "content": c["user"]}], reply, thinking, dev,
+                             tools=c["tools"], mark="<tool_call>")
+                ok += a
+                call += b
+            report[f"{key}_{mode}"] = {"ok": ok, "call": call, "total": len(ev[key])}
+        if args.no_arithmetic:
+            continue
         ok = 0
         for p in ev["arithmetic"]:
             a, b = p["a"], p["b"]
             reply = {"role": "assistant", "content": f"{a} + {b} = {a + b}.",
                      "reasoning_content": corpus.add_working(a, b) if thinking else ""}
             ok += score(model, tok, im_end, [{"role": "user", "content": p["prompt"]}], reply, thinking, dev)[0]
-        report[f"arith_{'think' if thinking else 'nothink'}"] = {"ok": ok, "total": len(ev["arithmetic"])}
+        report[f"arith_{mode}"] = {"ok": ok, "total": len(ev["arithmetic"])}
     print(json.dumps(report), flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
