@@ -65,8 +65,9 @@ TEST(ParityTrained, TopOneAgreesWithLlamaCppOnAtLeast99PercentOfDecisivePosition
       agree += top == want[r];
     }
     const double rel = testing_support::rel_l2(ours, ref.data);
-    std::printf("[parity] %s vs llama.cpp: rel L2 %.3g, top-1 %d/%d decisive positions (%d near-ties)\n",
-                gguf.c_str(), rel, agree, decisive, ties);
+    std::printf(
+        "[parity] %s vs llama.cpp: rel L2 %.3g, top-1 %d/%d decisive positions (%d near-ties)\n",
+        gguf.c_str(), rel, agree, decisive, ties);
     EXPECT_LE(ties, 0.1 * ids.size()) << gguf << ": too many near-ties for a meaningful check";
     EXPECT_GE(agree, 0.99 * decisive) << gguf;
     EXPECT_LT(rel, 0.03) << gguf;
