@@ -84,20 +84,25 @@ class Tok:
         return self.tok.encode(text, add_special_tokens=False).ids
 
 
-def tool_sequences(tok: Tok, case: dict, thinking: bool):
-    """(prompt ids, full ids through <|im_end|>, index where the call starts) for one held-out case."""
-    user = [{"role": "user", "content": case["user"]}]
-    prompt = corpus.render(user, tools=case["tools"], add_generation_prompt=True, enable_thinking=thinking)
-    call = {"type": "function", "function": {"name": case["name"], "arguments": case["arguments"]}}
-    reply = {"role": "assistant", "content": "", "tool_calls": [call],
-             "reasoning_content": case["reasoning"] if thinking else ""}
-    full = corpus.render(user + [reply], tools=case["tools"])
+def reply_sequences(tok: Tok, user: list, reply: dict, thinking: bool, tools=None, mark: str | None = None):
+    """(prompt ids, full ids through <|im_end|>, index in the full ids where `mark` starts, 0 without one)
+    for the conversation `user` answered by `reply`, rendered with the official template."""
+    prompt = corpus.render(user, tools=tools, add_generation_prompt=True, enable_thinking=thinking)
+    full = corpus.render(user + [reply], tools=tools)
     assert full.startswith(prompt) and full.endswith("<|im_end|>\n"), (prompt, full)
     full = full[:-1]
     p_ids, f_ids = tok.ids(prompt), tok.ids(full)
     assert f_ids[:len(p_ids)] == p_ids and f_ids[-1] == tok.im_end
-    call_at = len(tok.ids(full[:full.index("<tool_call>")]))
-    return p_ids, f_ids, call_at
+    return p_ids, f_ids, len(tok.ids(full[:full.index(mark)])) if mark else 0
+
+
+def tool_sequences(tok: Tok, case: dict, thinking: bool):
+    """(prompt ids, full ids through <|im_end|>, index where the call starts) for one held-out case."""
+    call = {"type": "function", "function": {"name": case["name"], "arguments": case["arguments"]}}
+    reply = {"role": "assistant", "content": "", "tool_calls": [call],
+             "reasoning_content": case["reasoning"] if thinking else ""}
+    return reply_sequences(tok, [{"role": "user", "content": case["user"]}], reply, thinking, case["tools"],
+                           "<tool_call>")
 
 
 def qwenrt_logits(qwenrt: Path, gguf: Path, ids: list[int]) -> np.ndarray:

@@ -23,24 +23,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import corpus  # noqa: E402
+import eval as tiny_eval  # noqa: E402  (tools/train/eval.py)
 import tiny_models  # noqa: E402
 
 
-def score(model, tok, im_end, user, reply, thinking, dev, tools=None, mark=None):
-    """(reply ok, ok from `mark` in the reply on) under teacher forcing."""
-    prompt = corpus.render(user, tools=tools, add_generation_prompt=True, enable_thinking=thinking)
-    full = corpus.render(user + [reply], tools=tools)
-    assert full.startswith(prompt) and full.endswith("<|im_end|>\n")
-    full = full[:-1]
-    p_ids = tok.encode(prompt, add_special_tokens=False).ids
-    f_ids = tok.encode(full, add_special_tokens=False).ids
-    assert f_ids[:len(p_ids)] == p_ids and f_ids[-1] == im_end
+def score(model, sequences, dev):
+    """(reply ok, ok from the mark on) under teacher forcing, for eval.reply_sequences' output."""
+    p_ids, f_ids, mark_at = sequences
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([f_ids], device=dev)).logits[0]
     pred = logits[len(p_ids) - 1:len(f_ids) - 1].argmax(-1).cpu()
     match = pred == torch.tensor(f_ids[len(p_ids):])
-    at = len(tok.encode(full[:full.index(mark)], add_special_tokens=False).ids) - len(p_ids) if mark else 0
-    return bool(match.all()), bool(match[at:].all())
+    return bool(match.all()), bool(match[max(mark_at - len(p_ids), 0):].all())
 
 
 def main() -> None:
@@ -53,9 +47,7 @@ def main() -> None:
                     help="eval.json tool sets: reserved values (tools), values drawn as stage 1 draws them")
     ap.add_argument("--no-arithmetic", action="store_true")
     args = ap.parse_args()
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(args.data / "tokenizer" / "tokenizer.json"))
-    im_end = tok.token_to_id("<|im_end|>")
+    tok = tiny_eval.Tok(args.data / "tokenizer")
     ev = json.loads((args.data / "eval.json").read_text(encoding="utf-8"))
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, _ = tiny_models.load(args.hf, args.moe)
@@ -66,11 +58,7 @@ def main() -> None:
         for key in args.tool_sets:
             ok = call = 0
             for c in ev[key]:
-                fn = {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                reply = {"role": "assistant", "content": "", "tool_calls": [fn],
-                         "reasoning_content": c["reasoning"] if thinking else ""}
-                a, b = score(model, tok, im_end, [{"role": "user", "content": c["user"]}], reply, thinking, dev,
-                             tools=c["tools"], mark="<tool_call>")
+                a, b = score(model, tiny_eval.tool_sequences(tok, c, thinking), dev)
                 ok += a
                 call += b
             report[f"{key}_{mode}"] = {"ok": ok, "call": call, "total": len(ev[key])}
@@ -81,7 +69,8 @@ def main() -> None:
             a, b = p["a"], p["b"]
             reply = {"role": "assistant", "content": f"{a} + {b} = {a + b}.",
                      "reasoning_content": corpus.add_working(a, b) if thinking else ""}
-            ok += score(model, tok, im_end, [{"role": "user", "content": p["prompt"]}], reply, thinking, dev)[0]
+            seq = tiny_eval.reply_sequences(tok, [{"role": "user", "content": p["prompt"]}], reply, thinking)
+            ok += score(model, seq, dev)[0]
         report[f"arith_{mode}"] = {"ok": ok, "total": len(ev["arithmetic"])}
     print(json.dumps(report), flush=True)
     if args.out:
