@@ -18,5 +18,6 @@ Run add_tokenize(CLI::App& app);
 Run add_template(CLI::App& app);
 Run add_synth(CLI::App& app);
 Run add_perplexity(CLI::App& app);
+Run add_bench(CLI::App& app);
 
 }  // namespace qwenrt::cli

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   add(&qwenrt::cli::add_template);
   add(&qwenrt::cli::add_synth);
   add(&qwenrt::cli::add_perplexity);
+  add(&qwenrt::cli::add_bench);
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -1,0 +1,191 @@
+// `qwenrt bench [-m MODEL] [-p 512,4096] [-n 128] [-b 8,32,128] [-r 5] [--json]`: the speed
+// figures DESIGN.md asks for, measured through Engine::step on random token ids:
+//   ppP      prefill of P tokens from an empty sequence, one step; tok/s and time to first token
+//   tgN      decode at batch 1: N steps of one token after 4 untimed warm-up steps
+//   tgN xB   aggregate decode: B sequences, N steps of B rows (one token each); tok/s of all rows
+// Each figure is the median of -r repeats (min and max shown); peak resident memory at the end.
+// bench/llamacpp_compare.py runs the same figures through llama.cpp on the same file.
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "core/error.h"
+#include "engine/engine.h"
+
+namespace qwenrt::cli {
+namespace {
+
+struct BenchOptions {
+  std::string model;
+  std::vector<int64_t> prefill{512, 4096};
+  int64_t decode = 128;
+  std::vector<int64_t> batches{8, 32, 128};
+  int repeats = 5;
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+constexpr int kWarmupSteps = 4;
+
+struct Figure {
+  std::string test;
+  int64_t tokens = 0;           // tokens per repeat
+  std::vector<double> seconds;  // one per repeat
+  double median() const {
+    std::vector<double> s = seconds;
+    std::sort(s.begin(), s.end());
+    const size_t n = s.size();
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+  }
+  double rate(double sec) const { return sec > 0 ? tokens / sec : 0.0; }
+};
+
+double seconds_of(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+class Bench {
+ public:
+  Bench(const BenchOptions& opt, std::string path) : opt_(opt), path_(std::move(path)) {}
+
+  std::vector<Figure> run() {
+    std::vector<Figure> out;
+    const int64_t max_p = *std::max_element(opt_.prefill.begin(), opt_.prefill.end());
+    {
+      engine::EngineOptions eo;
+      eo.n_ctx = std::max(max_p, opt_.decode + kWarmupSteps);
+      auto e = engine::Engine::load(path_, eo);
+      rng_.seed(opt_.seed);
+      n_vocab_ = e->config().n_vocab;
+      for (int64_t p : opt_.prefill) out.push_back(prefill(*e, p));
+      out.push_back(decode(*e, 1));
+    }
+    for (int64_t b : opt_.batches) {
+      if (b == 0) continue;
+      engine::EngineOptions eo;
+      eo.n_slots = static_cast<int>(b);
+      eo.n_ctx = opt_.decode + kWarmupSteps;
+      auto e = engine::Engine::load(path_, eo);
+      out.push_back(decode(*e, b));
+    }
+    return out;
+  }
+
+ private:
+  int32_t token() { return static_cast<int32_t>(rng_() % static_cast<uint64_t>(n_vocab_)); }
+
+  Figure prefill(engine::Engine& e, int64_t p) {
+    Figure f{fmt::format("pp{}", p), p, {}};
+    for (int r = 0; r <= opt_.repeats; ++r) {  // repeat 0 warms up and is not counted
+      e.states().reset(0);
+      engine::Batch b;
+      for (int64_t i = 0; i < p; ++i) b.add(0, token(), static_cast<int32_t>(i), i == p - 1);
+      const double s = seconds_of([&] { e.step(b); });
+      if (r > 0) f.seconds.push_back(s);
+    }
+    return f;
+  }
+
+  Figure decode(engine::Engine& e, int64_t n_seq) {
+    Figure f{
+        n_seq == 1 ? fmt::format("tg{}", opt_.decode) : fmt::format("tg{} x{}", opt_.decode, n_seq),
+        opt_.decode * n_seq,
+        {}};
+    auto step_all = [&](int32_t pos) {
+      engine::Batch b;
+      for (int64_t s = 0; s < n_seq; ++s) b.add(static_cast<int>(s), token(), pos, true);
+      e.step(b);
+    };
+    for (int r = 0; r < opt_.repeats; ++r) {
+      for (int64_t s = 0; s < n_seq; ++s) e.states().reset(static_cast<int>(s));
+      for (int32_t pos = 0; pos < kWarmupSteps; ++pos) step_all(pos);
+      f.seconds.push_back(seconds_of([&] {
+        for (int64_t i = 0; i < opt_.decode; ++i) step_all(static_cast<int32_t>(kWarmupSteps + i));
+      }));
+    }
+    return f;
+  }
+
+  const BenchOptions& opt_;
+  std::string path_;
+  std::mt19937_64 rng_;
+  int64_t n_vocab_ = 0;
+};
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024.0;  // Linux reports KiB
+}
+
+int run_bench(const BenchOptions& opt) {
+  if (opt.repeats < 1) fail("-r: expected at least 1 repeat, got {}", opt.repeats);
+  if (opt.decode < 1) fail("-n: expected at least 1 decode step, got {}", opt.decode);
+  if (opt.prefill.empty()) fail("-p: expected at least one prefill length");
+  for (int64_t p : opt.prefill)
+    if (p < 1) fail("-p: prefill lengths must be at least 1, got {}", p);
+  for (int64_t b : opt.batches)
+    if (b != 0 && (b < 2 || b > 4096)) fail("-b: aggregate batch sizes must be 2..4096, got {}", b);
+  const std::string path = resolve_model(opt.model);
+  const std::vector<Figure> figures = Bench(opt, path).run();
+  const double rss = peak_rss_mib();
+
+  if (opt.json) {
+    nlohmann::json j = {{"model", path},
+                        {"backend", "ref"},
+                        {"repeats", opt.repeats},
+                        {"peak_rss_mib", rss},
+                        {"results", nlohmann::json::array()}};
+    for (const Figure& f : figures) {
+      const auto [lo, hi] = std::minmax_element(f.seconds.begin(), f.seconds.end());
+      j["results"].push_back({{"test", f.test},
+                              {"tokens", f.tokens},
+                              {"seconds", f.seconds},
+                              {"tok_s_median", f.rate(f.median())},
+                              {"tok_s_min", f.rate(*hi)},
+                              {"tok_s_max", f.rate(*lo)},
+                              {"median_ms", f.median() * 1e3}});
+    }
+    fmt::print("{}\n", j.dump(1));
+    return 0;
+  }
+  fmt::print("model: {}  backend: ref  repeats: {} (median; min..max)\n", path, opt.repeats);
+  fmt::print("{:<14} {:>12} {:>22} {:>12}\n", "test", "tok/s", "min..max", "median ms");
+  for (const Figure& f : figures) {
+    const auto [lo, hi] = std::minmax_element(f.seconds.begin(), f.seconds.end());
+    fmt::print("{:<14} {:>12.1f} {:>22} {:>12.1f}\n", f.test, f.rate(f.median()),
+               fmt::format("{:.1f}..{:.1f}", f.rate(*hi), f.rate(*lo)), f.median() * 1e3);
+  }
+  fmt::print("ppP median ms is the time to first token for a P-token prompt; peak RSS {:.0f} MiB\n",
+             rss);
+  return 0;
+}
+
+}  // namespace
+
+Run add_bench(CLI::App& app) {
+  auto opt = std::make_shared<BenchOptions>();
+  auto* sub = app.add_subcommand(
+      "bench", "Measure prefill, decode and aggregate decode speed (medians of repeats)");
+  sub->add_option("-m,--model", opt->model, "GGUF model (default: the embedded tiny model)");
+  sub->add_option("-p,--prefill", opt->prefill, "Prefill lengths (comma-separated)")
+      ->delimiter(',');
+  sub->add_option("-n,--decode", opt->decode, "Decode steps per repeat");
+  sub->add_option("-b,--batches", opt->batches,
+                  "Concurrent sequences for aggregate decode (comma-separated; 0 skips them)")
+      ->delimiter(',');
+  sub->add_option("-r,--repeats", opt->repeats, "Repeats per figure");
+  sub->add_option("--seed", opt->seed, "Seed of the random token ids");
+  sub->add_flag("--json", opt->json, "Print JSON (every repeat's seconds) instead of a table");
+  return [opt] { return run_bench(*opt); };
+}
+
+}  // namespace qwenrt::cli
