@@ -44,6 +44,8 @@ struct Figure {
     return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
   }
   double rate(double sec) const { return sec > 0 ? tokens / sec : 0.0; }
+  double slowest_rate() const { return rate(*std::max_element(seconds.begin(), seconds.end())); }
+  double fastest_rate() const { return rate(*std::min_element(seconds.begin(), seconds.end())); }
 };
 
 double seconds_of(const std::function<void()>& fn) {
@@ -145,13 +147,12 @@ int run_bench(const BenchOptions& opt) {
                         {"peak_rss_mib", rss},
                         {"results", nlohmann::json::array()}};
     for (const Figure& f : figures) {
-      const auto [lo, hi] = std::minmax_element(f.seconds.begin(), f.seconds.end());
       j["results"].push_back({{"test", f.test},
                               {"tokens", f.tokens},
                               {"seconds", f.seconds},
                               {"tok_s_median", f.rate(f.median())},
-                              {"tok_s_min", f.rate(*hi)},
-                              {"tok_s_max", f.rate(*lo)},
+                              {"tok_s_min", f.slowest_rate()},
+                              {"tok_s_max", f.fastest_rate()},
                               {"median_ms", f.median() * 1e3}});
     }
     fmt::print("{}\n", j.dump(1));
@@ -160,9 +161,8 @@ int run_bench(const BenchOptions& opt) {
   fmt::print("model: {}  backend: ref  repeats: {} (median; min..max)\n", path, opt.repeats);
   fmt::print("{:<14} {:>12} {:>22} {:>12}\n", "test", "tok/s", "min..max", "median ms");
   for (const Figure& f : figures) {
-    const auto [lo, hi] = std::minmax_element(f.seconds.begin(), f.seconds.end());
     fmt::print("{:<14} {:>12.1f} {:>22} {:>12.1f}\n", f.test, f.rate(f.median()),
-               fmt::format("{:.1f}..{:.1f}", f.rate(*hi), f.rate(*lo)), f.median() * 1e3);
+               fmt::format("{:.1f}..{:.1f}", f.slowest_rate(), f.fastest_rate()), f.median() * 1e3);
   }
   fmt::print("ppP median ms is the time to first token for a P-token prompt; peak RSS {:.0f} MiB\n",
              rss);

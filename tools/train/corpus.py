@@ -384,7 +384,6 @@ class ToolValues:
         self.ev = split == "eval"
         self.copy = split in ("copy", "novel")
         self.novel = split == "novel"
-        self.short = self.novel
         self.reserved = set(HELDOUT_CITIES + HELDOUT_CURRENCIES + HELDOUT_STOCKS + HELDOUT_PEOPLE
                             + HELDOUT_LANGUAGES + HELDOUT_TOPICS + HELDOUT_PHRASES + HELDOUT_SUBJECTS)
 
@@ -425,15 +424,15 @@ class ToolValues:
 
     def topic(self, rng):
         return self._pick(rng, HELDOUT_TOPICS, [t.strip() for t in TOPICS], lambda r: _words(r, 2, 4),
-                          lambda r: _novel_phrase(r, 1, 4, self.short))
+                          lambda r: _novel_phrase(r, 1, 4, self.novel))
 
     def phrase(self, rng):
         return self._pick(rng, HELDOUT_PHRASES, PHRASES, lambda r: _words(r, 2, 5),
-                          lambda r: _novel_phrase(r, 1, 5, self.short))
+                          lambda r: _novel_phrase(r, 1, 5, self.novel))
 
     def subject(self, rng):
         return self._pick(rng, HELDOUT_SUBJECTS, SUBJECTS, lambda r: _words(r, 1, 3),
-                          lambda r: _novel_phrase(r, 1, 3, self.short))
+                          lambda r: _novel_phrase(r, 1, 3, self.novel))
 
 
 def _expression(rng: random.Random) -> tuple[str, int]:
