@@ -18,13 +18,15 @@ what transformers' apply_chat_template writes. Kinds of document:
 
 Mixes (MIXES): "base", the from-scratch training mix; "copy", a copy-heavy mix for a second stage of
 training (tool calls whose argument values are mostly novel strings from the whole vocabulary); "novel",
-the same with every tool argument novel (third stage).
+the same with every tool argument novel (a refuted third stage); "phrase", the third stage kept: novel
+arguments are half everyday English (phrases of common words, function words too, names), half as in
+"copy".
 
 Held out, and never generated for training (eval_sets()):
   - 200 two-digit pairs (A, B): "What is A + B?" (both orders are excluded from every training
     document, in any phrasing or operation);
   - tool-call cases whose argument values (cities, symbols, names, queries) come from word lists
-    reserved for evaluation;
+    reserved for evaluation, and a second such set reserved for validation (choosing checkpoints);
   - docstrings whose qualified name hashes into the held-out bucket (prose perplexity, MTP).
 
 Deterministic for a given seed and Python version (the docstrings are read from the running
@@ -270,6 +272,23 @@ SUBJECTS = ["meeting notes", "lunch plans", "project update", "weekly report", "
 HELDOUT_SUBJECTS = ["quarterly goals", "office move", "book club"]
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "snowy", "foggy", "clear", "stormy"]
 
+# Validation values: reserved like the held-out ones (never a training argument) but only used to choose
+# among checkpoints and training runs (quick_eval.py --tool-sets tools_valid), so that the held-out numbers
+# of the chosen model are not biased by the choice.
+VALID_CITIES = """Ghent Bruges Turku Bremen Kassel Rouen Lille Trieste Cordoba Cork Dundee Odense Uppsala Tromso
+Poznan Lublin Pecs Iasi Plovdiv Nara Fukuoka Daegu Wuhan Davao Surat Darwin Halifax Regina Tulsa Boise""".split()
+VALID_CURRENCIES = ["ILS", "RON", "ISK", "PHP"]
+VALID_STOCKS = ["PINS", "SPOT", "DDOG", "ROKU", "ETSY", "LYFT"]
+VALID_PEOPLE = ["greta", "tomas", "ines", "rafael", "yara", "henrik"]
+VALID_LANGUAGES = ["Hungarian", "Portuguese", "Norwegian"]
+VALID_TOPICS = ["river otters", "wind turbines", "medieval castles", "cheese making", "star maps"]
+VALID_PHRASES = ["the bus is full", "we need more milk", "good night", "my phone is broken"]
+VALID_SUBJECTS = ["garden party", "school trip", "annual leave"]
+HELDOUT_VALUES = (HELDOUT_CITIES + HELDOUT_CURRENCIES + HELDOUT_STOCKS + HELDOUT_PEOPLE + HELDOUT_LANGUAGES
+                  + HELDOUT_TOPICS + HELDOUT_PHRASES + HELDOUT_SUBJECTS)
+VALID_VALUES = (VALID_CITIES + VALID_CURRENCIES + VALID_STOCKS + VALID_PEOPLE + VALID_LANGUAGES + VALID_TOPICS
+                + VALID_PHRASES + VALID_SUBJECTS)
+
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 WORDS = sorted(set(w for l in (["small", "brave", "quiet", "curious", "tired", "happy", "clever", "old",
@@ -316,9 +335,7 @@ def reserved_words() -> set[str]:
     """Every word of every value reserved for evaluation, lowercased."""
     global _RESERVED_WORDS
     if _RESERVED_WORDS is None:
-        _RESERVED_WORDS = {w.lower() for v in (HELDOUT_CITIES + HELDOUT_CURRENCIES + HELDOUT_STOCKS + HELDOUT_PEOPLE
-                                               + HELDOUT_LANGUAGES + HELDOUT_TOPICS + HELDOUT_PHRASES
-                                               + HELDOUT_SUBJECTS) for w in v.split()}
+        _RESERVED_WORDS = {w.lower() for v in HELDOUT_VALUES for w in v.split()}
     return _RESERVED_WORDS
 
 
@@ -373,25 +390,127 @@ def _novel_phrase(rng: random.Random, lo: int, hi: int, short: bool = False) -> 
                     for _ in range(rng.randint(lo, hi)))
 
 
+
+# English values for the "phrase" mix: everyday phrases, names and titles made of common English words
+# (function words too), so that a multi-word argument of ordinary words is copied word for word rather
+# than completed into a phrase the model knows. Only whole reserved values are excluded (a reserved
+# phrase never appears as or inside a training argument); their single words are ordinary words here.
+E_DETS = "the a my your our his her their this that some every no one".split()
+E_PRONS = "i you we they he she it".split()
+E_NOUNS = """train bus car bike plane ship ticket station airport road street bridge park garden house home room
+kitchen door window key keys phone laptop bag box letter book club team office school shop market bank hotel
+party dinner lunch breakfast coffee tea milk bread water cake soup meeting report plan budget trip holiday
+weekend week month year morning evening night day birthday city village river lake sea beach mountain forest
+dog cat bird horse friend family mother father sister brother teacher doctor boss neighbour child game song
+film music picture photo map list note card gift money price bill job work project task move sale news story
+question answer idea problem rain snow sun wind weather light clock watch shoe shirt coat hat umbrella""".split()
+E_ADJS = """late early full empty broken new old open closed ready free busy quiet loud hot cold warm wet dry
+clean dirty cheap expensive small big long short fast slow good bad nice great happy sad tired hungry lost
+missing wrong right simple strange lucky safe dark bright fresh sweet red blue green yellow white black""".split()
+E_VERBS = """need want like love have lost found left missed bought sold forgot booked cancelled finished started
+opened closed fixed broke called sent took made saw heard moved paid""".split()
+E_IMPER = """close open bring call send take make find keep check book cancel fix clean pay move wait stop start
+read write buy sell order share""".split()
+E_INTERJ = "welcome good hello thanks happy sorry see goodbye please merry".split()
+E_ADVS = """home back now soon today tomorrow tonight later again here there inside outside early late please
+twice too""".split()
+E_MORE = "more less some many few two three ten enough".split()
+E_FIRST = """alice bob clara david elena felix hanna isaac julia karl laura martin nora oscar pia ruben sofia
+theo ursula victor wanda xavier yvonne zara adam beth chris diana edgar flora george helen""".split()
+
+
+def _e_noun(rng: random.Random) -> str:
+    return rng.choice(E_NOUNS)
+
+
+def _english_phrase(rng: random.Random, lo: int = 1, hi: int = 6) -> str:
+    """An everyday English phrase (some grammatical, some a bag of common words) of lo..hi words."""
+    while True:
+        r = rng.random()
+        if r < 0.15:
+            v = f"{rng.choice(E_DETS)} {_e_noun(rng)} is {rng.choice(E_ADJS)}"
+        elif r < 0.3:
+            v = f"{rng.choice(E_PRONS)} {rng.choice(E_VERBS)} {rng.choice(E_DETS)} {_e_noun(rng)}"
+        elif r < 0.4:
+            v = f"{rng.choice(E_PRONS)} {rng.choice(E_VERBS)} {rng.choice(E_MORE)} {_e_noun(rng)}"
+        elif r < 0.5:
+            v = f"{rng.choice(['please ', ''])}{rng.choice(E_IMPER)} {rng.choice(E_DETS)} {_e_noun(rng)}"
+        elif r < 0.62:
+            v = f"{rng.choice(E_INTERJ)} {rng.choice(E_ADVS + E_NOUNS)}"
+        elif r < 0.77:
+            v = f"{rng.choice(E_ADJS + E_NOUNS)} {_e_noun(rng)}"
+        else:
+            pool = (E_DETS, E_PRONS, E_NOUNS, E_NOUNS, E_ADJS, E_VERBS, E_ADVS)
+            v = " ".join(rng.choice(rng.choice(pool)) for _ in range(rng.randint(lo, hi)))
+        n = len(v.split())
+        if lo <= n <= hi and not _has_reserved(v):
+            return v
+
+
+_RESERVED_SETS: dict[bool, tuple[set[str], list[str]]] = {}
+
+
+def _has_reserved(v: str, validation: bool = True) -> bool:
+    """Whether v is, or holds as whole words, a value reserved for evaluation (or, with `validation`, for
+    validation); case-insensitive."""
+    if validation not in _RESERVED_SETS:
+        vals = [x.lower() for x in HELDOUT_VALUES + (VALID_VALUES if validation else [])]
+        _RESERVED_SETS[validation] = (set(vals), [f" {x} " for x in vals if " " in x])
+    whole, phrases = _RESERVED_SETS[validation]
+    low = v.lower()
+    return low in whole or any(x in f" {low} " for x in phrases)
+
+
+def _english_name(rng: random.Random) -> str:
+    """A place-like name: a capitalised English word or two ("Green Harbour"), or a pseudo-word."""
+    r = rng.random()
+    if r < 0.4:
+        v = " ".join(w.capitalize() for w in [rng.choice(E_ADJS + E_NOUNS), _e_noun(rng)][: rng.choice([1, 2])])
+    elif r < 0.7:
+        v = _pseudo_word(rng).capitalize()
+    else:
+        v = rng.choice(E_FIRST).capitalize() + rng.choice(["", "", "ton", "ville", "burg", "field", "port"])
+    return v if not _has_reserved(v) else _english_name(rng)
+
+
+def _english_language(rng: random.Random) -> str:
+    v = _pseudo_word(rng).capitalize() + rng.choice(["ish", "ese", "ian", "ic", "i", ""])
+    return v if not _has_reserved(v) else _english_language(rng)
+
+
+def _english_person(rng: random.Random) -> str:
+    v = rng.choice(E_FIRST) if rng.random() < 0.6 else _pseudo_word(rng)
+    return v if not _has_reserved(v) else _english_person(rng)
+
+
 class ToolValues:
-    """Argument values for one split: 'train', 'copy', 'novel' or 'eval'. Evaluation draws from word lists
-    reserved for it (never used in training). 'train' (the base mix) mixes fixed lists with made-up values
-    from a small syllable set; 'copy' (the copy mix) draws 85% novel values from the whole vocabulary (see
-    _novel_word), 'novel' (the novel mix) all of them, with short function words in phrases, so the model
-    learns to copy arguments from the request rather than recall them."""
+    """Argument values for one split: 'train', 'copy', 'novel', 'phrase', 'eval' or 'valid'. Evaluation
+    ('eval') and checkpoint choice ('valid') draw from word lists reserved for them (never used in
+    training). 'train' (the base mix) mixes fixed lists with made-up values from a small syllable set;
+    'copy' (the copy mix) draws 85% novel values from the whole vocabulary (see _novel_word), 'novel' (the
+    novel mix) all of them, with short function words in phrases; 'phrase' (the phrase mix) draws 45%
+    English values of common words (see _english_phrase), 30% novel ones and 25% as 'train' does, so the
+    model learns to copy arguments from the request rather than recall them."""
 
     def __init__(self, split: str):
-        self.ev = split == "eval"
+        self.split = split
+        self.ev = split in ("eval", "valid")
         self.copy = split in ("copy", "novel")
         self.novel = split == "novel"
-        self.reserved = set(HELDOUT_CITIES + HELDOUT_CURRENCIES + HELDOUT_STOCKS + HELDOUT_PEOPLE
-                            + HELDOUT_LANGUAGES + HELDOUT_TOPICS + HELDOUT_PHRASES + HELDOUT_SUBJECTS)
+        self.english = split == "phrase"
+        self.reserved = set(HELDOUT_VALUES)
 
-    def _pick(self, rng, held, train, made_up, novel):
+    def _pick(self, rng, held, valid, train, made_up, novel, english=None):
         if self.ev:
-            return rng.choice(held)
+            return rng.choice(held if self.split == "eval" else valid)
         while True:
-            if self.novel:
+            if self.english:
+                r = rng.random()
+                v = (english(rng) if r < 0.45 and english else novel(rng) if r < 0.75
+                     else made_up(rng) if r < 0.875 else rng.choice(train))
+                if _has_reserved(v):
+                    continue
+            elif self.novel:
                 v = novel(rng)
             elif self.copy:
                 v = novel(rng) if rng.random() < 0.85 else rng.choice(train)
@@ -401,38 +520,42 @@ class ToolValues:
                 return v
 
     def city(self, rng):
-        return self._pick(rng, HELDOUT_CITIES, CITIES, lambda r: _made_up_word(r).capitalize(), _novel_name)
+        return self._pick(rng, HELDOUT_CITIES, VALID_CITIES, CITIES, lambda r: _made_up_word(r).capitalize(),
+                          _novel_name, _english_name)
 
     def currency_pair(self, rng):
         if self.ev:
-            return rng.sample(HELDOUT_CURRENCIES + CURRENCIES[:4], 2)
-        a = self._pick(rng, [], CURRENCIES, lambda r: _code(r, 3), lambda r: _novel_code(r, 3, 3))
+            held = HELDOUT_CURRENCIES if self.split == "eval" else VALID_CURRENCIES
+            return rng.sample(held + CURRENCIES[:4], 2)
+        a = self._pick(rng, [], [], CURRENCIES, lambda r: _code(r, 3), lambda r: _novel_code(r, 3, 3))
         b = a
         while b == a:
-            b = self._pick(rng, [], CURRENCIES, lambda r: _code(r, 3), lambda r: _novel_code(r, 3, 3))
+            b = self._pick(rng, [], [], CURRENCIES, lambda r: _code(r, 3), lambda r: _novel_code(r, 3, 3))
         return [a, b]
 
     def stock(self, rng):
-        return self._pick(rng, HELDOUT_STOCKS, STOCKS, lambda r: _code(r, r.randint(2, 5)),
+        return self._pick(rng, HELDOUT_STOCKS, VALID_STOCKS, STOCKS, lambda r: _code(r, r.randint(2, 5)),
                           lambda r: _novel_code(r, 2, 5))
 
     def person(self, rng):
-        return self._pick(rng, HELDOUT_PEOPLE, PEOPLE, _made_up_word, lambda r: _novel_word(r).lower())
+        return self._pick(rng, HELDOUT_PEOPLE, VALID_PEOPLE, PEOPLE, _made_up_word,
+                          lambda r: _novel_word(r).lower(), _english_person)
 
     def language(self, rng):
-        return self._pick(rng, HELDOUT_LANGUAGES, LANGUAGES, lambda r: _made_up_word(r).capitalize(), _novel_name)
+        return self._pick(rng, HELDOUT_LANGUAGES, VALID_LANGUAGES, LANGUAGES,
+                          lambda r: _made_up_word(r).capitalize(), _novel_name, _english_language)
 
     def topic(self, rng):
-        return self._pick(rng, HELDOUT_TOPICS, [t.strip() for t in TOPICS], lambda r: _words(r, 2, 4),
-                          lambda r: _novel_phrase(r, 1, 4, self.novel))
+        return self._pick(rng, HELDOUT_TOPICS, VALID_TOPICS, [t.strip() for t in TOPICS], lambda r: _words(r, 2, 4),
+                          lambda r: _novel_phrase(r, 1, 4, self.novel), lambda r: _english_phrase(r, 1, 4))
 
     def phrase(self, rng):
-        return self._pick(rng, HELDOUT_PHRASES, PHRASES, lambda r: _words(r, 2, 5),
-                          lambda r: _novel_phrase(r, 1, 5, self.novel))
+        return self._pick(rng, HELDOUT_PHRASES, VALID_PHRASES, PHRASES, lambda r: _words(r, 2, 5),
+                          lambda r: _novel_phrase(r, 1, 5, self.novel), lambda r: _english_phrase(r, 1, 6))
 
     def subject(self, rng):
-        return self._pick(rng, HELDOUT_SUBJECTS, SUBJECTS, lambda r: _words(r, 1, 3),
-                          lambda r: _novel_phrase(r, 1, 3, self.novel))
+        return self._pick(rng, HELDOUT_SUBJECTS, VALID_SUBJECTS, SUBJECTS, lambda r: _words(r, 1, 3),
+                          lambda r: _novel_phrase(r, 1, 3, self.novel), lambda r: _english_phrase(r, 1, 3))
 
 
 def _expression(rng: random.Random) -> tuple[str, int]:
@@ -724,12 +847,15 @@ COPY_REQUESTS = ["Repeat after me: {v}", "Say exactly this: {v}", "Please repeat
                  "Write {v} back to me.", "Can you repeat {v}?", "Copy this text: {v}"]
 
 
-def copy_doc(rng: random.Random, thinking: bool) -> dict:
-    """A request to repeat a novel string (names, codes, words from the whole vocabulary), answered by the
-    string itself: plain copying practice for the copy mix."""
+def copy_doc(rng: random.Random, thinking: bool, english: bool = False) -> dict:
+    """A request to repeat a novel string (names, codes, words from the whole vocabulary; with `english`
+    half of them everyday English phrases), answered by the string itself: plain copying practice."""
     r = rng.random()
-    v = (_novel_phrase(rng, 1, 6) if r < 0.5 else _novel_name(rng) if r < 0.8
-         else " ".join(_novel_code(rng, 2, 6) for _ in range(rng.randint(1, 3))))
+    if english and rng.random() < 0.5:
+        v = _english_phrase(rng, 1, 7)
+    else:
+        v = (_novel_phrase(rng, 1, 6) if r < 0.5 else _novel_name(rng) if r < 0.8
+             else " ".join(_novel_code(rng, 2, 6) for _ in range(rng.randint(1, 3))))
     msgs = _maybe_system(rng, [])
     msgs += [{"role": "user", "content": rng.choice(COPY_REQUESTS).format(v=v)},
              {"role": "assistant", "content": v,
@@ -743,6 +869,7 @@ MIXES = {
     "base": [("arithmetic", 45), ("tools", 15), ("prose", 18), ("dialogue", 15), ("raw", 5)],
     "copy": [("arithmetic", 45), ("tools", 30), ("copy", 8), ("prose", 7), ("dialogue", 8), ("raw", 2)],
     "novel": [("arithmetic", 45), ("tools", 30), ("copy", 8), ("prose", 7), ("dialogue", 8), ("raw", 2)],
+    "phrase": [("arithmetic", 45), ("tools", 30), ("copy", 8), ("prose", 7), ("dialogue", 8), ("raw", 2)],
 }
 
 
@@ -753,9 +880,9 @@ def document(rng: random.Random, docs, mix: str = "base") -> tuple[str, str]:
     if kind == "arithmetic":
         d = arithmetic_doc(rng, thinking)
     elif kind == "tools":
-        d = tool_doc(rng, thinking, mix if mix in ("copy", "novel") else "train")
+        d = tool_doc(rng, thinking, mix if mix in ("copy", "novel", "phrase") else "train")
     elif kind == "copy":
-        d = copy_doc(rng, thinking)
+        d = copy_doc(rng, thinking, english=mix == "phrase")
     elif kind == "prose":
         d = prose_doc(rng, thinking, docs)
     elif kind == "dialogue":
@@ -783,6 +910,13 @@ def eval_sets() -> dict:
         c = tool_case(rng, vals)
         tools.append({"tools": c["tools"], "user": c["user"], "name": c["name"], "arguments": c["args"],
                       "reasoning": c["why"]})
+    # The same with the validation values (for choosing checkpoints; quick_eval.py --tool-sets tools_valid).
+    rng = random.Random(SEED + 6)
+    tools_valid = []
+    for i in range(N_HELDOUT_TOOL_CASES):
+        c = tool_case(rng, ToolValues("valid"))
+        tools_valid.append({"tools": c["tools"], "user": c["user"], "name": c["name"], "arguments": c["args"],
+                            "reasoning": c["why"]})
     # The same, with argument values drawn as training draws them (list values or fresh made-up ones):
     # new cases, not new values.
     rng = random.Random(SEED + 4)
@@ -805,24 +939,30 @@ def eval_sets() -> dict:
     srng = random.Random(SEED + 5)
     story_text = "\n\n".join(story(srng)[1] for _ in range(120)) + "\n"
     return {"chat_text": chat_text, "story_text": story_text, "tools_train_values": tools_train_values,
+            "tools_valid": tools_valid,
             "arithmetic": [{"a": a, "b": b, "prompt": f"What is {a} + {b}?", "answer": a + b}
                            for a, b in heldout_pairs()],
             "tools": tools, "prose_text": prose_text, "prose_chats": prose_chats}
 
 
-def check_heldout(texts) -> None:
+# Mixes generated before the validation values existed: their tool arguments may hold a validation value
+# by chance (random codes such as "ILS" did), so only the held-out values are checked for them.
+MIXES_BEFORE_VALIDATION = ("base", "copy", "novel")
+
+
+def check_heldout(texts, validation: bool = True) -> None:
     """Assert that no held-out pair appears as 'A + B' / 'A - B' / 'A+B' in the given texts, and that no
-    tool-call argument (or the name before an e-mail's @) is a value reserved for evaluation."""
+    tool-call argument (or the name before an e-mail's @) is, or holds, a value reserved for evaluation or
+    (with `validation`) for validation."""
     bad = set()
     pat = re.compile(r"(?<![\d.])(\d+)(?: [-+] |\+)(\d+)(?![\d.])")
     param = re.compile(r"<parameter=[^>\n]+>\n(.*?)\n</parameter>", re.S)
-    reserved = ToolValues("eval").reserved
     for t in texts:
         for m in pat.finditer(t):
             if (int(m.group(1)), int(m.group(2))) in _HELDOUT:
                 bad.add(m.group(0))
         for m in param.finditer(t):
-            if m.group(1) in reserved or m.group(1).split("@")[0] in reserved:
+            if any(_has_reserved(v, validation) for v in (m.group(1), m.group(1).split("@")[0])):
                 bad.add(m.group(1))
     if bad:
         raise AssertionError(f"held-out values in training text: {sorted(bad)[:10]}")

@@ -104,7 +104,7 @@ def main() -> None:
     for k, t in corpus.generate(args.seed, args.docs, mix=args.mix):
         kinds.append(k)
         texts.append(t)
-    corpus.check_heldout(texts)
+    corpus.check_heldout(texts, validation=args.mix not in corpus.MIXES_BEFORE_VALIDATION)
 
     log("tokenizing")
     enc = tok.encode_batch(texts, add_special_tokens=False)

@@ -43,8 +43,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="a make_data.py folder (eval.json, tokenizer/)")
     ap.add_argument("--moe", action="store_true")
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--tool-sets", nargs="+", default=["tools"], choices=["tools", "tools_train_values"],
-                    help="eval.json tool sets: reserved values (tools), values drawn as stage 1 draws them")
+    ap.add_argument("--tool-sets", nargs="+", default=["tools"], choices=["tools", "tools_train_values", "tools_valid"],
+                    help="eval.json tool sets: held-out values (tools), validation values (tools_valid), values "
+                    "drawn as stage 1 draws them (tools_train_values)")
     ap.add_argument("--no-arithmetic", action="store_true")
     args = ap.parse_args()
     tok = tiny_eval.Tok(args.data / "tokenizer")
