@@ -14,7 +14,8 @@ Through qwenrt (the C++ binary, greedy):
               and there is exactly one call, complete, with the expected name and arguments (the same
               keys; strings equal exactly, numbers equal numerically, so 250 == 250.0). Sets: tools_*
               draws argument values from reserved lists never used in training, tools_train_values_*
-              draws them as training does (new cases, not new values); each with thinking on and off.
+              draws them as training does (new cases, not new values), tools_valid_* (only with --tool-modes)
+              from the validation lists used to choose among checkpoints; each with thinking on and off.
               With --tools-teacher-forced the older check runs instead (keys tools_teacher_forced_*):
               the prompt is rendered here (tools/chat/hf_render.py), tokenized with the HF tokenizer,
               and `qwenrt logits` must give the expected token as argmax at every position of the
@@ -48,7 +49,8 @@ import corpus  # noqa: E402
 NAMES = {"qwen35-chat-tiny": False, "qwen35moe-chat-tiny": True}   # stem -> moe
 TOOL_MODES = {"think": ("tools", True), "no_think": ("tools", False),             # mode -> (eval set, thinking)
               "train_values_think": ("tools_train_values", True),
-              "train_values_no_think": ("tools_train_values", False)}
+              "train_values_no_think": ("tools_train_values", False),
+              "valid_think": ("tools_valid", True), "valid_no_think": ("tools_valid", False)}
 
 
 def log(msg: str) -> None:
@@ -281,7 +283,8 @@ def main() -> None:
     ap.add_argument("--mtp-chats", type=int, default=40, help="held-out docstring chats for MTP agreement")
     ap.add_argument("--tool-modes", nargs="*", default=list(TOOL_MODES), choices=list(TOOL_MODES) + ["train_values"],
                     help="tool sets: think, no_think (reserved held-out values), train_values_think, "
-                         "train_values_no_think (values as training draws them); train_values = train_values_no_think")
+                         "train_values_no_think (values as training draws them), valid_think, valid_no_think "
+                         "(validation values, for choosing checkpoints); train_values = train_values_no_think")
     ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: arithmetic tools ppl torch")
     args = ap.parse_args()
     if args.hf_dir is None and ("torch" not in args.skip or (args.tools_teacher_forced and "tools" not in args.skip)):
