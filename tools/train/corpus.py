@@ -903,28 +903,17 @@ def generate(seed: int, n_docs: int, docs_split: str = "train", mix: str = "base
 
 def eval_sets() -> dict:
     """Everything the evaluation uses; nothing here appears in training documents."""
-    rng = random.Random(SEED + 2)
-    vals = ToolValues("eval")
-    tools = []
-    for i in range(N_HELDOUT_TOOL_CASES):
-        c = tool_case(rng, vals)
-        tools.append({"tools": c["tools"], "user": c["user"], "name": c["name"], "arguments": c["args"],
-                      "reasoning": c["why"]})
+    def tool_cases(seed: int, split: str) -> list[dict]:
+        rng, vals = random.Random(seed), ToolValues(split)
+        cases = [tool_case(rng, vals) for _ in range(N_HELDOUT_TOOL_CASES)]
+        return [{"tools": c["tools"], "user": c["user"], "name": c["name"], "arguments": c["args"],
+                 "reasoning": c["why"]} for c in cases]
+    tools = tool_cases(SEED + 2, "eval")
     # The same with the validation values (for choosing checkpoints; quick_eval.py --tool-sets tools_valid).
-    rng = random.Random(SEED + 6)
-    tools_valid = []
-    for i in range(N_HELDOUT_TOOL_CASES):
-        c = tool_case(rng, ToolValues("valid"))
-        tools_valid.append({"tools": c["tools"], "user": c["user"], "name": c["name"], "arguments": c["args"],
-                            "reasoning": c["why"]})
+    tools_valid = tool_cases(SEED + 6, "valid")
     # The same, with argument values drawn as training draws them (list values or fresh made-up ones):
     # new cases, not new values.
-    rng = random.Random(SEED + 4)
-    tools_train_values = []
-    for i in range(N_HELDOUT_TOOL_CASES):
-        c = tool_case(rng, ToolValues("train"))
-        tools_train_values.append({"tools": c["tools"], "user": c["user"], "name": c["name"], "arguments": c["args"],
-                                   "reasoning": c["why"]})
+    tools_train_values = tool_cases(SEED + 4, "train")
     held = doc_split("eval")
     prose_text = "\n\n".join(f"{q}\n\n{t}" for q, t in held) + "\n"
     prose_chats = []
