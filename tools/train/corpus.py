@@ -390,7 +390,6 @@ def _novel_phrase(rng: random.Random, lo: int, hi: int, short: bool = False) -> 
                     for _ in range(rng.randint(lo, hi)))
 
 
-
 # English values for the "phrase" mix: everyday phrases, names and titles made of common English words
 # (function words too), so that a multi-word argument of ordinary words is copied word for word rather
 # than completed into a phrase the model knows. Only whole reserved values are excluded (a reserved
