@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Second training stage on the GPU machine: several runs side by side on one GPU, each continuing a
-# first-stage checkpoint on the copy-mix data, then a teacher-forced check of each (quick_eval.py).
+# A continuation stage (stages 2 and 3) on the GPU machine: several runs side by side, each continuing a
+# checkpoint of the stage before on a new mix, then a teacher-forced check of each (quick_eval.py).
 #
 #   tools/train/gpu_stage2.sh DATA_DIR INIT_DIR OUT_DIR SECONDS BATCH RUN...
 #
-# INIT_DIR holds dense.tar.xz / moe.tar.xz (each an hf/ folder of a first-stage checkpoint).
+# INIT_DIR holds dense.tar.xz / moe.tar.xz (each an hf/ folder of the previous stage's checkpoint).
 # RUN is NAME:MODEL:LR (MODEL dense or moe), e.g. d1:dense:1e-3. Runs are spread over the machine's
 # GPUs (run i on GPU i mod n); several runs on one GPU share it (its throughput splits between them).
 # OUT_DIR receives NAME.tar.part-* per run (hf/ without the tokenizer files, summary.json, loss.csv,

@@ -8,6 +8,7 @@ For each held-out case the whole expected reply is rendered with the official te
 the model once: the case passes when the argmax at every position of the reply is the expected token,
 through <|im_end|> (what greedy decoding would print, token for token).
   tools       the 100 held-out tool cases (argument values from reserved lists; with --tool-sets also
+              the 100 validation cases (tools_valid: their own reserved lists, for choosing runs) and
               the 100 new cases with values drawn as stage 1 draws them), thinking on and off; with
               thinking on the reply holds the corpus's reasoning sentence, `call` counts the call alone
   arithmetic  the 200 held-out pairs "What is A + B?", thinking on (the digit-by-digit working) and off
