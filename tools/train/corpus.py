@@ -488,8 +488,9 @@ class ToolValues:
     training). 'train' (the base mix) mixes fixed lists with made-up values from a small syllable set;
     'copy' (the copy mix) draws 85% novel values from the whole vocabulary (see _novel_word), 'novel' (the
     novel mix) all of them, with short function words in phrases; 'phrase' (the phrase mix) draws 45%
-    English values of common words (see _english_phrase), 30% novel ones and 25% as 'train' does, so the
-    model learns to copy arguments from the request rather than recall them."""
+    English values of common words (see _english_phrase; codes, which have no English form, novel
+    instead), 30% novel ones and 25% as 'train' does, so the model learns to copy arguments from the
+    request rather than recall them."""
 
     def __init__(self, split: str):
         self.split = split
