@@ -1,0 +1,22 @@
+// Batched (prefill) matmul for K-quant weights on AVX-512 VNNI: 16-row panels unpacked to int8
+// once per call and reused for every token row (matmul_gemm_avx512.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cpu/isa.h"
+#include "ops/cpu/matmul.h"
+
+namespace qwenrt::ops::cpu {
+
+// Batches at least this large take the panel path (below it, unpacking costs more than it saves).
+inline constexpr int64_t kGemmMinTokens = 8;
+
+// Whether gemm_rows handles this weight type, batch and ISA level.
+bool gemm_eligible(DType type, int64_t n_tokens, Isa isa);
+
+// As matmul_rows (matmul.h): y[t * ldy + (r - r0)] = W row r . act row t, r in [r0, r1).
+void gemm_rows(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct& act, float* y,
+               int64_t ldy, ScratchBuffer& tmp);
+
+}  // namespace qwenrt::ops::cpu
