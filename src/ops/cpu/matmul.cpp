@@ -36,6 +36,7 @@ void* ScratchBuffer::get(size_t bytes) {
 
 void Scratch::reserve_threads(int n) {
   if (static_cast<int>(per_thread.size()) < n) per_thread.resize(n);
+  if (static_cast<int>(moe_per_thread.size()) < n) moe_per_thread.resize(n);
 }
 
 int64_t prepared_row_bytes(DType type, int64_t in) {

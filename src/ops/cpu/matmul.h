@@ -44,8 +44,11 @@ class ScratchBuffer {
 struct Scratch {
   ScratchBuffer act;                      // quantised activations of the current matmul
   std::vector<ScratchBuffer> per_thread;  // per pool part: weight rows / panels / tiles
-  // MoE (moe.cpp): routing, grouped rows, hidden activations.
-  ScratchBuffer moe_logits, moe_route, moe_groups, moe_hidden, moe_act_x, moe_act_h;
+  // MoE (moe.cpp): router logits, routing, expert groups, quantised inputs (per token, then
+  // gathered per expert), hidden activations and their quantised form, per-thread gate/up tiles.
+  ScratchBuffer moe_logits, moe_route, moe_groups, moe_act_x, moe_act_gathered, moe_hidden,
+      moe_act_h;
+  std::vector<ScratchBuffer> moe_per_thread;
 
   // Per-thread buffers for a pool of n parts (grows the vector only when the pool is larger).
   void reserve_threads(int n);
