@@ -73,7 +73,7 @@ TEST_P(CpuAttention, MatchesReferenceOnGatheredKeys) {
   std::vector<Span> spans;
   int next_page = 0, row = 0;
   for (int s = 0; s < n_spans; ++s) {
-    const int slot = (s * 3 + 1) % n_slots;
+    const int slot = n_spans - s;  // reversed; slots 0 and n_slots - 1 unused
     const int n_kv = c.spans[s].n_past + c.spans[s].count;
     for (int p = 0; p * ps < n_kv; ++p) tables[size_t(slot) * max_pages + p] = order[next_page++];
     // Only the slot's tokens get finite K/V; the rest of its last page stays NaN.
