@@ -12,12 +12,18 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "ops/cpu/attention.h"
 #include "ops/cpu/common.h"
 #include "ops/ref/kernels.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
+
+std::string sci(double x) {
+  return fmt::format("{:.2e}", x);
+}
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
@@ -115,7 +121,7 @@ TEST_P(CpuAttention, MatchesReferenceOnGatheredKeys) {
   }
   const double err = rel_l2(out, want);
   EXPECT_LT(err, 1e-5);
-  RecordProperty("rel_l2", std::to_string(err));
+  RecordProperty("rel_l2", sci(err));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -12,12 +12,18 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "ops/cpu/common.h"
 #include "ops/cpu/deltanet.h"
 #include "ops/ref/kernels.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
+
+std::string sci(double x) {
+  return fmt::format("{:.2e}", x);
+}
 
 double rel_l2(const float* a, const float* b, size_t n) {
   double num = 0, den = 0;
@@ -164,7 +170,7 @@ void run_delta(const DeltaCase& c, std::mt19937_64& rng) {
     EXPECT_LT(eo, 1e-5) << (chunked_ref ? "vs ref chunked" : "vs ref recurrent");
     EXPECT_LT(es, 1e-5) << (chunked_ref ? "vs ref chunked" : "vs ref recurrent");
     ::testing::Test::RecordProperty(chunked_ref ? "vs_ref_chunked" : "vs_ref_recurrent",
-                                    std::to_string(eo) + " / state " + std::to_string(es));
+                                    sci(eo) + " / state " + sci(es));
   }
   EXPECT_GT(rel_l2(state, state0), 1e-2);  // the state moved
   expect_other_slots_unchanged(spans, n_slots, per_slot, state0, state);
@@ -243,7 +249,7 @@ void run_core(const DeltaCase& c, std::mt19937_64& rng) {
   EXPECT_LT(eo, 1e-5);
   EXPECT_LT(ed, 1e-5);
   EXPECT_LT(rel_l2(conv, conv_ref), 1e-7);
-  ::testing::Test::RecordProperty("rel_l2", std::to_string(eo) + " / state " + std::to_string(ed));
+  ::testing::Test::RecordProperty("rel_l2", sci(eo) + " / state " + sci(ed));
   expect_other_slots_unchanged(spans, n_slots, conv_per_slot, conv0, conv);
   expect_other_slots_unchanged(spans, n_slots, delta_per_slot, delta0, delta);
 }

@@ -8,12 +8,18 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "ops/cpu/common.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/ref/kernels.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
+
+std::string sci(double x) {
+  return fmt::format("{:.2e}", x);
+}
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -129,7 +135,7 @@ TEST_P(CpuElementwise, MatchesReference) {
   }
   const double err = rel_l2(got, want);
   EXPECT_LE(err, tol) << c.op << " rows " << c.rows << " dim " << c.dim;
-  RecordProperty("rel_l2", std::to_string(err));
+  RecordProperty("rel_l2", sci(err));
 }
 
 INSTANTIATE_TEST_SUITE_P(
