@@ -92,7 +92,7 @@ struct Shape {
 };
 
 // Runs every shape on every ISA level; returns the worst (per ISA) rel L2 pooled over the shapes.
-// int8-activation paths: pooled < 1e-2 and each shape < 2.5e-2 (a shape with a single output
+// int8-activation paths: pooled < 1e-2 and each shape < 2.5e-2 (a shape with few outputs
 // is one noisy sample of the ~6e-3 activation-rounding error; a bug gives ~1); fp32 paths < 1e-5.
 double check_type(DType type, const std::vector<Shape>& shapes, ThreadPool& pool) {
   std::mt19937 rng(1234 + static_cast<int>(type));
@@ -130,10 +130,14 @@ double check_type(DType type, const std::vector<Shape>& shapes, ThreadPool& pool
   return worst;
 }
 
-const std::vector<Shape> kKQuantShapes = {{256, 1, 1},     {512, 7, 3},   {768, 33, 63},
-                                          {256, 200, 200}, {1024, 48, 9}, {512, 37, 17}};
-const std::vector<Shape> kBlock32Shapes = {{32, 1, 1},      {96, 7, 3},   {352, 33, 63},
-                                           {160, 200, 200}, {256, 48, 9}, {544, 21, 17}};
+// n covers every token-tile tail of the panel path (n % 8 = 1 .. 7) and the GEMV path (n < 4).
+const std::vector<Shape> kKQuantShapes = {
+    {512, 16, 4},    {256, 23, 6},  {512, 9, 10}, {256, 5, 11}, {256, 40, 13},
+    {256, 17, 14},   {256, 1, 8},   {512, 33, 1}, {512, 7, 3},  {768, 33, 63},
+    {256, 200, 200}, {1024, 48, 9}, {512, 37, 17}};
+const std::vector<Shape> kBlock32Shapes = {{32, 1, 8},    {64, 33, 1},     {96, 7, 3},
+                                           {352, 33, 63}, {160, 200, 200}, {256, 48, 9},
+                                           {544, 21, 17}};
 const std::vector<Shape> kFloatShapes = {
     {1, 1, 1}, {37, 7, 3}, {100, 33, 63}, {64, 200, 200}, {300, 5, 17}};
 

@@ -152,6 +152,16 @@ int main(int argc, char** argv) {
            std::string(name).find(filter) != std::string::npos;
   };
   if (want("bw")) bandwidth();
+  if (want("pool")) {  // the cost of one empty parallel region
+    ThreadPool pool(2);
+    int sink = 0;
+    const int reps = 100000;
+    const double s = time_best([&] {
+      for (int i = 0; i < reps; ++i) pool.run(2, [&](int p, int) { sink += p == 0; });
+    });
+    fmt::print("ThreadPool::run, 2 threads, empty region: {:.2f} us ({})\n", s / reps * 1e6,
+               sink > 0);
+  }
   if (want("gemv")) {
     bench_matmul(DType::Q6_K, 2048, 248320, 1);
     bench_matmul(DType::Q4_K, 5120, 17408, 1);
@@ -164,6 +174,9 @@ int main(int argc, char** argv) {
     bench_matmul(DType::Q4_K, 2048, 8192, 512);
     bench_matmul(DType::Q6_K, 2048, 8192, 512);
     bench_matmul(DType::Q8_0, 2048, 8192, 512);
+  }
+  if (want("small")) {  // few tokens: where the panel path starts to pay
+    for (int64_t n : {2, 4, 8, 16}) bench_matmul(DType::Q4_K, 2048, 8192, n);
   }
   if (want("moe")) {
     bench_moe(1);

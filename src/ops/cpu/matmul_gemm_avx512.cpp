@@ -249,6 +249,13 @@ void gemm_rows(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct& a
     const uint8_t* base = w.row(pr);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = base + b * block_bytes;
+      // The gathers touch 16 rows' blocks at once: prefetch the next block of each row.
+      if (b + 1 < nb) {
+        for (int rr = 0; rr < kPanelRows; ++rr)
+          for (int64_t line = 0; line < block_bytes; line += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(blk + offs[rr] + block_bytes + line),
+                         _MM_HINT_T0);
+      }
       switch (w.dtype) {
         case DType::Q4_K:
           unpack_q45_k<false>(blk, off, panel[b]);
