@@ -29,7 +29,7 @@ std::vector<float> run_chunks(Engine& e, const std::vector<int32_t>& ids, int ch
   std::vector<float> all;
   for (size_t i = 0; i < ids.size(); i += chunk) {
     Batch b;
-    const int64_t start = e.states().slot(slot).n_tokens;
+    const int64_t start = e.states().n_tokens(slot);
     for (size_t j = i; j < std::min(ids.size(), i + chunk); ++j) {
       b.add(slot, ids[j], static_cast<int32_t>(start + j - i), true);
     }

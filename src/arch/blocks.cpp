@@ -2,15 +2,13 @@
 
 #include <cmath>
 
-#include "core/error.h"
-
 namespace qwenrt::arch {
 
 void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, int il,
                      const float* x, float* out) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
-  const int64_t n = ctx.batch.n, hd = c.head_dim, nq = int64_t{c.n_head} * hd,
+  const int64_t n = ctx.n, hd = c.head_dim, nq = int64_t{c.n_head} * hd,
                 nkv = int64_t{c.n_head_kv} * hd;
   float* q = ops.alloc(n * nq);
   float* gate = ops.alloc(n * nq);
@@ -35,21 +33,20 @@ void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, 
 
   ops.rmsnorm(q, w.q_norm, q, n * c.n_head, hd, c.rms_eps);
   ops.rmsnorm(k, w.k_norm, k, n * c.n_head_kv, hd, c.rms_eps);
-  ops.rope_neox(q, ctx.batch.positions, n, c.n_head, c.head_dim, nq, c.n_rot, c.rope_theta);
-  ops.rope_neox(k, ctx.batch.positions, n, c.n_head_kv, c.head_dim, nkv, c.n_rot, c.rope_theta);
+  ops.rope_neox(q, c.n_head, c.head_dim, nq, c.n_rot, c.rope_theta);
+  ops.rope_neox(k, c.n_head_kv, c.head_dim, nkv, c.n_rot, c.rope_theta);
 
   float* attn = ops.alloc(n * nq);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (const SeqSpan& span : ctx.batch.spans) {
-    state::LayerState& ls = ctx.states.slot(span.slot).layers[il];
-    const int64_t n_past = static_cast<int64_t>(ls.k.size()) / nkv;
-    ls.k.resize((n_past + span.count) * nkv);
-    ls.v.resize((n_past + span.count) * nkv);
-    ops.download(k + span.begin * nkv, ls.k.data() + n_past * nkv, span.count * nkv);
-    ops.download(v + span.begin * nkv, ls.v.data() + n_past * nkv, span.count * nkv);
-    ops.attention(q + span.begin * nq, nq, ls.k.data(), ls.v.data(), attn + span.begin * nq,
-                  span.count, n_past + span.count, c.n_head, c.n_head_kv, c.head_dim, scale);
-  }
+  ops.attention({.q = q,
+                 .q_stride = nq,
+                 .k = k,
+                 .v = v,
+                 .kv = ctx.states.kv(il),
+                 .out = attn,
+                 .n_head = c.n_head,
+                 .n_head_kv = c.n_head_kv,
+                 .head_dim = c.head_dim,
+                 .scale = 1.0f / std::sqrt(static_cast<float>(hd))});
   ops.sigmoid_mul(attn, gate, nq, attn, n, nq);
   ops.matmul(w.output, attn, out, n);
 }
@@ -58,54 +55,30 @@ void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, in
                     const float* x, float* out) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
-  const int64_t n = ctx.batch.n, D = c.ssm_head_dim, C = c.conv_channels();
-  const int64_t nk = int64_t{c.ssm_k_heads} * D, nv = int64_t{c.ssm_v_heads} * D;
-  float* qkv = ops.alloc(n * C);
+  const int64_t n = ctx.n, nv = int64_t{c.ssm_v_heads} * c.ssm_head_dim;
+  float* qkv = ops.alloc(n * c.conv_channels());
   float* z = ops.alloc(n * nv);
-  float* g = ops.alloc(n * c.ssm_v_heads);
+  float* alpha = ops.alloc(n * c.ssm_v_heads);
   float* beta = ops.alloc(n * c.ssm_v_heads);
   ops.matmul(w.qkv, x, qkv, n);
   ops.matmul(w.gate, x, z, n);
-  ops.matmul(w.alpha, x, g, n);
+  ops.matmul(w.alpha, x, alpha, n);
   ops.matmul(w.beta, x, beta, n);
-  ops.deltanet_gates(g, beta, w.dt_bias, w.a, n, c.ssm_v_heads);
-
-  float* mixed = ops.alloc(n * C);  // conv + SiLU over the whole fused q|k|v stream
-  for (const SeqSpan& span : ctx.batch.spans) {
-    state::LayerState& ls = ctx.states.slot(span.slot).layers[il];
-    ops.conv1d_silu(qkv + span.begin * C, ls.conv.data(), w.conv, mixed + span.begin * C,
-                    span.count, C);
-  }
-  float* q = ops.alloc(n * nk);
-  float* k = ops.alloc(n * nk);
-  ops.copy_2d(mixed, C, q, nk, n, nk);
-  ops.copy_2d(mixed + nk, C, k, nk, n, nk);
-  ops.l2norm(q, n * c.ssm_k_heads, D, D, c.rms_eps);
-  ops.l2norm(k, n * c.ssm_k_heads, D, D, c.rms_eps);
-
   float* o = ops.alloc(n * nv);
-  for (const SeqSpan& span : ctx.batch.spans) {
-    state::LayerState& ls = ctx.states.slot(span.slot).layers[il];
-    const bool chunked = ctx.batch.deltanet_mode == DeltaNetMode::kChunked ||
-                         (ctx.batch.deltanet_mode == DeltaNetMode::kAuto && span.count > 1);
-    ops.gated_delta({.q = q + span.begin * nk,
-                     .k = k + span.begin * nk,
-                     .v = mixed + span.begin * C + 2 * nk,
-                     .q_stride = nk,
-                     .k_stride = nk,
-                     .v_stride = C,
-                     .g = g + span.begin * c.ssm_v_heads,
-                     .beta = beta + span.begin * c.ssm_v_heads,
-                     .state = ls.delta.data(),
-                     .out = o + span.begin * nv,
-                     .n = span.count,
-                     .n_k_heads = c.ssm_k_heads,
-                     .n_v_heads = c.ssm_v_heads,
-                     .head_dim = c.ssm_head_dim},
-                    chunked);
-  }
-  ops.rmsnorm(o, w.norm, o, n * c.ssm_v_heads, D, c.rms_eps);
-  ops.silu_mul(z, o, o, n * nv);  // silu here (sigmoid in attention)
+  ops.deltanet({.qkv = qkv,
+                .z = z,
+                .alpha = alpha,
+                .beta = beta,
+                .conv = w.conv,
+                .dt_bias = w.dt_bias,
+                .a = w.a,
+                .norm = w.norm,
+                .state = ctx.states.recurrent(il),
+                .out = o,
+                .n_k_heads = c.ssm_k_heads,
+                .n_v_heads = c.ssm_v_heads,
+                .head_dim = c.ssm_head_dim,
+                .eps = c.rms_eps});
   ops.matmul(w.output, o, out, n);
 }
 

@@ -1,5 +1,5 @@
 // The blocks both architectures share: gated full attention, Gated DeltaNet, and the trunk loop
-// (SPEC.md "Layer skeleton"), written as short sequences of Ops calls.
+// (SPEC.md "Layer skeleton"), written as short sequences of Ops calls over the whole batch.
 #pragma once
 
 #include "arch/model.h"
@@ -11,31 +11,31 @@ namespace qwenrt::arch {
 struct BlockContext {
   ops::Ops& ops;
   const model::Config& config;
-  const ForwardBatch& batch;
   state::StateStore& states;
+  int64_t n;  // rows of the step
 };
 
-// out [n, n_embd] = gated attention of x [n, n_embd] (already normed), appending to the KV rows
-// of each span's slot.
+// out [n, n_embd] = gated attention of x [n, n_embd] (already normed), appending to the KV of
+// each span's slot in state layer il.
 void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, int il,
                      const float* x, float* out);
 // out [n, n_embd] = Gated DeltaNet of x [n, n_embd] (already normed), advancing conv and delta
-// state of each span's slot.
+// state of each span's slot in state layer il.
 void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, int il,
                     const float* x, float* out);
 
 // The layer loop and the head, for any FFN kind: ffn(ctx, ffn_weights, x, out) writes
 // out [n, n_embd] from the normed x.
 template <class Ffn, class FfnFn>
-void run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn ffn, float* logits,
-               float* hidden_out) {
+ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn ffn,
+                        int64_t n_out) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
-  const int64_t n = ctx.batch.n, e = c.n_embd;
+  const int64_t n = ctx.n, e = c.n_embd;
   float* x = ops.alloc(n * e);
   float* h = ops.alloc(n * e);
   float* mixed = ops.alloc(n * e);
-  ops.embed_rows(w.token_embd, ctx.batch.tokens, x, n);
+  ops.embed(w.token_embd, x);
   for (int il = 0; il < c.n_layer; ++il) {
     const auto& layer = w.layers[il];
     ops.rmsnorm(x, layer.attn_norm, h, n, e, c.rms_eps);
@@ -49,33 +49,29 @@ void run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn
     ffn(ctx, layer.ffn, h, mixed);
     ops.add(x, mixed, x, n * e);
   }
-  const int64_t m = static_cast<int64_t>(ctx.batch.logit_rows.size());
-  if (m == 0) return;
-  float* last = ops.alloc(m * e);
-  for (int64_t i = 0; i < m; ++i)
-    ops.copy_2d(x + ctx.batch.logit_rows[i] * e, e, last + i * e, e, 1, e);
-  ops.rmsnorm(last, w.output_norm, last, m, e, c.rms_eps);
-  if (hidden_out) ops.download(last, hidden_out, m * e);
-  float* out = ops.alloc(m * c.n_vocab);
-  ops.matmul(w.output, last, out, m);
-  ops.download(out, logits, m * c.n_vocab);
+  if (n_out == 0) return {};
+  float* last = ops.alloc(n_out * e);
+  ops.gather_output_rows(x, e, last);
+  ops.rmsnorm(last, w.output_norm, last, n_out, e, c.rms_eps);
+  float* logits = ops.alloc(n_out * c.n_vocab);
+  ops.matmul(w.output, last, logits, n_out);
+  return {.logits = logits, .hidden = last};
 }
 
 // The MTP block (SPEC.md "MTP head"): x = eh_proj [enorm(embed(next)); hnorm(hidden)], one gated
 // attention layer (state layer n_layer) and FFN with residuals anchored on x, then the head.
 template <class Ffn, class FfnFn>
-void run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, FfnFn ffn,
-             const float* hidden_host, float* logits) {
+const float* run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, FfnFn ffn,
+                     const float* hidden_in) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
-  const int64_t n = ctx.batch.n, e = c.n_embd;
+  const int64_t n = ctx.n, e = c.n_embd;
   float* embed = ops.alloc(n * e);
   float* hidden = ops.alloc(n * e);
   float* both = ops.alloc(n * 2 * e);
-  ops.embed_rows(w.embed, ctx.batch.tokens, embed, n);
-  ops.upload(hidden_host, hidden, n * e);
+  ops.embed(w.embed, embed);
   ops.rmsnorm(embed, w.enorm, embed, n, e, c.rms_eps);
-  ops.rmsnorm(hidden, w.hnorm, hidden, n, e, c.rms_eps);
+  ops.rmsnorm(hidden_in, w.hnorm, hidden, n, e, c.rms_eps);
   ops.copy_2d(embed, e, both, 2 * e, n, e);  // the embedding is the low half
   ops.copy_2d(hidden, e, both + e, 2 * e, n, e);
   float* x = ops.alloc(n * e);
@@ -89,9 +85,9 @@ void run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, FfnFn ffn
   ffn(ctx, w.ffn, h, mixed);
   ops.add(x, mixed, x, n * e);
   ops.rmsnorm(x, w.head_norm, x, n, e, c.rms_eps);
-  float* out = ops.alloc(n * c.n_vocab);
-  ops.matmul(w.head, x, out, n);
-  ops.download(out, logits, n * c.n_vocab);
+  float* logits = ops.alloc(n * c.n_vocab);
+  ops.matmul(w.head, x, logits, n);
+  return logits;
 }
 
 }  // namespace qwenrt::arch

@@ -3,7 +3,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "gguf/reader.h"
 #include "model/config.h"
@@ -12,46 +11,38 @@
 
 namespace qwenrt::arch {
 
-// How DeltaNet layers run a span of several tokens (one token always runs the recurrence).
-enum class DeltaNetMode { kAuto, kRecurrent, kChunked };
+using ops::DeltaNetMode;
 
-// One sequence's tokens inside a batch: rows [begin, begin + count), all of slot `slot`.
-struct SeqSpan {
-  int slot = 0;
-  int64_t begin = 0;
-  int64_t count = 0;
-};
-
-struct ForwardBatch {
-  const int32_t* tokens = nullptr;     // [n]
-  const int32_t* positions = nullptr;  // [n]
-  int64_t n = 0;
-  std::vector<SeqSpan> spans;       // cover [0, n) in order
-  std::vector<int64_t> logit_rows;  // rows whose logits are wanted, ascending
-  DeltaNetMode deltanet_mode = DeltaNetMode::kAuto;
+// What a forward pass leaves in the backend's workspace (valid until its reset).
+struct ForwardResult {
+  const float* logits = nullptr;  // [n_output_rows, n_vocab]
+  const float* hidden = nullptr;  // [n_output_rows, n_embd]: after output_norm (the MTP input)
 };
 
 class Model {
  public:
   virtual ~Model() = default;
   virtual const model::Config& config() const = 0;
-  // Runs the batch, advancing each span's slot state; writes logits
-  // [logit_rows.size(), n_vocab] to host memory, and when `hidden` is not null the final hidden
-  // states of the same rows after output_norm [logit_rows.size(), n_embd] (the MTP block's input).
-  virtual void forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch,
-                       float* logits, float* hidden = nullptr) = 0;
+  // Runs the step of n rows laid out by the last ops.begin_step (its spans' slots advance in
+  // `states`, whose pages the engine reserved); returns logits and hidden states of its n_out
+  // output rows.
+  virtual ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n,
+                                int64_t n_out) = 0;
 
   // Whether the file holds an MTP block.
   virtual bool has_mtp() const = 0;
-  // The MTP block over a batch: row i pairs the trunk's hidden state `hidden` [n, n_embd] (host)
-  // at some position p with batch.tokens[i] = the token at p + 1; batch.positions are the MTP
-  // block's own positions (0, 1, ... per slot: it keeps its own KV rows). Writes draft logits for
-  // position p + 2 of every row [n, n_vocab] to host memory.
-  virtual void mtp_forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch,
-                           const float* hidden, float* logits) = 0;
+  // The MTP block over the step's rows: row i pairs the trunk's hidden state `hidden` [n, n_embd]
+  // (backend memory) at some position p with the step's token i = the token at p + 1; the step's
+  // positions are the MTP block's own (it keeps its own KV track). Returns draft logits for
+  // position p + 2 of every row [n, n_vocab] (every row is an output row).
+  virtual const float* mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n,
+                                   const float* hidden) = 0;
 };
 
-std::unique_ptr<Model> make_qwen35(const gguf::File& file, const model::Config& config);
-std::unique_ptr<Model> make_qwen35moe(const gguf::File& file, const model::Config& config);
+// Bind the file's tensors and place them on the backend.
+std::unique_ptr<Model> make_qwen35(const gguf::File& file, const model::Config& config,
+                                   ops::Ops& ops);
+std::unique_ptr<Model> make_qwen35moe(const gguf::File& file, const model::Config& config,
+                                      ops::Ops& ops);
 
 }  // namespace qwenrt::arch

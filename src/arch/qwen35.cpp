@@ -9,7 +9,7 @@ namespace {
 void dense_ffn(const BlockContext& ctx, const model::DenseFfnWeights& w, const float* x,
                float* out) {
   ops::Ops& ops = ctx.ops;
-  const int64_t n = ctx.batch.n, ff = ctx.config.n_ff;
+  const int64_t n = ctx.n, ff = ctx.config.n_ff;
   float* gate = ops.alloc(n * ff);
   float* up = ops.alloc(n * ff);
   ops.matmul(w.gate, x, gate, n);
@@ -20,18 +20,20 @@ void dense_ffn(const BlockContext& ctx, const model::DenseFfnWeights& w, const f
 
 class Qwen35 final : public Model {
  public:
-  Qwen35(const gguf::File& file, const model::Config& config)
-      : config_(config), weights_(model::bind_qwen35(file, config)) {}
+  Qwen35(const gguf::File& file, const model::Config& config, ops::Ops& ops)
+      : config_(config), weights_(model::bind_qwen35(file, config)) {
+    model::for_each_weight(weights_, [&](Weight& w) { w = ops.place(w); });
+  }
   const model::Config& config() const override { return config_; }
-  void forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch, float* logits,
-               float* hidden) override {
-    run_trunk(BlockContext{ops, config_, batch, states}, weights_, dense_ffn, logits, hidden);
+  ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n,
+                        int64_t n_out) override {
+    return run_trunk(BlockContext{ops, config_, states, n}, weights_, dense_ffn, n_out);
   }
   bool has_mtp() const override { return weights_.mtp.has_value(); }
-  void mtp_forward(ops::Ops& ops, state::StateStore& states, const ForwardBatch& batch,
-                   const float* hidden, float* logits) override {
+  const float* mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n,
+                           const float* hidden) override {
     if (!weights_.mtp) fail("this model has no MTP block");
-    run_mtp(BlockContext{ops, config_, batch, states}, *weights_.mtp, dense_ffn, hidden, logits);
+    return run_mtp(BlockContext{ops, config_, states, n}, *weights_.mtp, dense_ffn, hidden);
   }
 
  private:
@@ -41,8 +43,9 @@ class Qwen35 final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_qwen35(const gguf::File& file, const model::Config& config) {
-  return std::make_unique<Qwen35>(file, config);
+std::unique_ptr<Model> make_qwen35(const gguf::File& file, const model::Config& config,
+                                   ops::Ops& ops) {
+  return std::make_unique<Qwen35>(file, config, ops);
 }
 
 }  // namespace qwenrt::arch

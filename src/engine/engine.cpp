@@ -13,6 +13,13 @@ void Batch::add(int slot, int32_t token, int32_t position, bool logits) {
   want_logits.push_back(logits ? 1 : 0);
 }
 
+void Batch::clear() {
+  tokens.clear();
+  positions.clear();
+  slots.clear();
+  want_logits.clear();
+}
+
 void Engine::prefault_weights(const std::function<void(uint64_t, uint64_t)>& progress) {
   uint64_t total = 0, done = 0;
   for (const auto& t : file_.tensors()) total += t.n_bytes;
@@ -38,29 +45,31 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
       config_(model::Config::from_gguf(file_)),
       identity_(model::identify(file_)),
       options_(options) {
-  if (options.backend != "ref") fail("unknown backend '{}' (available: ref)", options.backend);
-  ops_ = ops::make_ref_ops();
-  model_ =
-      config_.is_moe() ? arch::make_qwen35moe(file_, config_) : arch::make_qwen35(file_, config_);
+  if (options.make_backend) {
+    ops_ = options.make_backend();
+  } else if (options.backend == "ref") {
+    ops_ = ops::make_ref_ops();
+  } else if (options.backend == "cpu") {
+    ops_ = ops::make_cpu_ops(options.n_threads);
+  } else {
+    fail("unknown backend '{}' (available: cpu, ref)", options.backend);
+  }
+  model_ = config_.is_moe() ? arch::make_qwen35moe(file_, config_, *ops_)
+                            : arch::make_qwen35(file_, config_, *ops_);
   if (options.prefault) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
-  states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx);
+  states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx, *ops_);
 }
 
-arch::ForwardBatch Engine::plan(const std::vector<int32_t>& tokens,
-                                const std::vector<int32_t>& positions,
-                                const std::vector<int32_t>& slots,
-                                int64_t (*next)(const state::SequenceState&)) {
+void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
+                  const std::vector<int32_t>& slots, const std::vector<uint8_t>* want_output,
+                  state::Track track) {
   const size_t n = tokens.size();
-  if (positions.size() != n || slots.size() != n) {
-    fail("batch: tokens, positions and slots must have the same length");
+  if (positions.size() != n || slots.size() != n || (want_output && want_output->size() != n)) {
+    fail("batch: tokens, positions, slots and want_logits must have the same length");
   }
-  arch::ForwardBatch fb;
-  fb.tokens = tokens.data();
-  fb.positions = positions.data();
-  fb.n = static_cast<int64_t>(n);
-  fb.deltanet_mode = options_.deltanet_mode;
-  std::vector<int> seen;
+  spans_.clear();
+  output_rows_.clear();
   for (size_t i = 0; i < n; ++i) {
     const int slot = slots[i];
     const int32_t token = tokens[i];
@@ -68,15 +77,20 @@ arch::ForwardBatch Engine::plan(const std::vector<int32_t>& tokens,
       fail("batch row {}: token id {} is outside the vocabulary of {} tokens", i, token,
            config_.n_vocab);
     }
-    if (fb.spans.empty() || fb.spans.back().slot != slot) {
-      if (std::find(seen.begin(), seen.end(), slot) != seen.end()) {
-        fail("batch row {}: the tokens of slot {} are not contiguous", i, slot);
-      }
-      seen.push_back(slot);
-      fb.spans.push_back({slot, static_cast<int64_t>(i), 0});
+    if (slot < 0 || slot >= states_->n_slots()) {
+      fail("batch row {}: slot {} out of range [0, {})", i, slot, states_->n_slots());
     }
-    arch::SeqSpan& span = fb.spans.back();
-    const int64_t expected = next(states_->slot(slot)) + span.count;
+    if (spans_.empty() || spans_.back().slot != slot) {
+      for (const ops::Span& s : spans_) {
+        if (s.slot == slot) fail("batch row {}: the tokens of slot {} are not contiguous", i, slot);
+      }
+      spans_.push_back({.slot = slot,
+                        .begin = static_cast<int32_t>(i),
+                        .count = 0,
+                        .n_past = static_cast<int32_t>(states_->length(slot, track))});
+    }
+    ops::Span& span = spans_.back();
+    const int64_t expected = int64_t{span.n_past} + span.count;
     if (positions[i] != expected) {
       fail("batch row {}: slot {} expects position {}, got {}", i, slot, expected, positions[i]);
     }
@@ -85,32 +99,73 @@ arch::ForwardBatch Engine::plan(const std::vector<int32_t>& tokens,
            states_->n_ctx());
     }
     ++span.count;
+    if (!want_output || (*want_output)[i]) output_rows_.push_back(static_cast<int32_t>(i));
   }
-  return fb;
+  for (const ops::Span& s : spans_) states_->reserve(s.slot, s.count, track);
+  ops_->begin_step({.tokens = tokens.data(),
+                    .positions = positions.data(),
+                    .n = static_cast<int64_t>(n),
+                    .spans = spans_.data(),
+                    .n_spans = static_cast<int>(spans_.size()),
+                    .output_rows = output_rows_.data(),
+                    .n_output_rows = static_cast<int64_t>(output_rows_.size()),
+                    .page_tables = states_->page_tables(track),
+                    .page_table_stride = states_->page_table_stride(),
+                    .deltanet_mode = options_.deltanet_mode});
+}
+
+void Engine::advance(state::Track track) {
+  for (const ops::Span& s : spans_) states_->advance(s.slot, s.count, track);
+}
+
+arch::ForwardResult Engine::run(const Batch& batch) {
+  plan(batch.tokens, batch.positions, batch.slots, &batch.want_logits, state::Track::kTrunk);
+  ops_->reset_workspace();
+  const arch::ForwardResult r = model_->forward(*ops_, *states_, static_cast<int64_t>(batch.size()),
+                                                static_cast<int64_t>(output_rows_.size()));
+  advance(state::Track::kTrunk);
+  return r;
+}
+
+void Engine::step(const Batch& batch, StepOutput& out) {
+  out.logits.clear();
+  out.hidden.clear();
+  if (batch.size() == 0) return;
+  const arch::ForwardResult r = run(batch);
+  const int64_t m = static_cast<int64_t>(output_rows_.size());
+  out.logits.resize(m * config_.n_vocab);
+  out.hidden.resize(m * config_.n_embd);
+  if (m > 0) {
+    ops_->download(r.logits, out.logits.data(), m * config_.n_vocab);
+    ops_->download(r.hidden, out.hidden.data(), m * config_.n_embd);
+  }
 }
 
 StepOutput Engine::step_with_hidden(const Batch& batch) {
-  if (batch.size() == 0) return {};
-  if (batch.want_logits.size() != batch.size()) {
-    fail("batch: tokens, positions, slots and want_logits must have the same length");
-  }
-  arch::ForwardBatch fb = plan(batch.tokens, batch.positions, batch.slots,
-                               [](const state::SequenceState& s) { return s.n_tokens; });
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch.want_logits[i]) fb.logit_rows.push_back(static_cast<int64_t>(i));
-  }
   StepOutput out;
-  out.logits.resize(fb.logit_rows.size() * config_.n_vocab);
-  out.hidden.resize(fb.logit_rows.size() * config_.n_embd);
-  ops_->reset_workspace();
-  model_->forward(*ops_, *states_, fb, out.logits.data(), out.hidden.data());
-  ops_->reset_workspace();
-  for (const auto& span : fb.spans) states_->slot(span.slot).n_tokens += span.count;
+  step(batch, out);
   return out;
 }
 
 std::vector<float> Engine::step(const Batch& batch) {
   return step_with_hidden(batch).logits;
+}
+
+void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> rows, int n_top,
+                         std::vector<ops::SampledToken>& out) {
+  out.clear();
+  if (batch.size() == 0) return;
+  int64_t wanted = 0;
+  for (uint8_t w : batch.want_logits) wanted += w ? 1 : 0;
+  if (static_cast<int64_t>(rows.size()) != wanted) {
+    fail("batch: {} rows want a sample but {} sampling settings were given", wanted, rows.size());
+  }
+  if (n_top < 0 || n_top > ops::kMaxTopLogprobs) {
+    fail("top log-probabilities: {} asked, at most {}", n_top, ops::kMaxTopLogprobs);
+  }
+  const arch::ForwardResult r = run(batch);
+  out.resize(output_rows_.size());
+  if (!out.empty()) ops_->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
 }
 
 std::vector<float> Engine::mtp_step(const MtpBatch& batch) {
@@ -120,15 +175,15 @@ std::vector<float> Engine::mtp_step(const MtpBatch& batch) {
   if (batch.hidden.size() != n * config_.n_embd) {
     fail("MTP batch: {} hidden values for {} rows of {}", batch.hidden.size(), n, config_.n_embd);
   }
-  arch::ForwardBatch fb = plan(batch.tokens, batch.positions, batch.slots,
-                               [](const state::SequenceState& s) { return s.n_mtp_tokens; });
-  for (size_t i = 0; i < n; ++i) fb.logit_rows.push_back(static_cast<int64_t>(i));
-  std::vector<float> logits(n * config_.n_vocab);
+  plan(batch.tokens, batch.positions, batch.slots, nullptr, state::Track::kMtp);
   ops_->reset_workspace();
-  model_->mtp_forward(*ops_, *states_, fb, batch.hidden.data(), logits.data());
-  ops_->reset_workspace();
-  for (const auto& span : fb.spans) states_->slot(span.slot).n_mtp_tokens += span.count;
-  return logits;
+  float* hidden = ops_->alloc(static_cast<int64_t>(n) * config_.n_embd);
+  ops_->upload(batch.hidden.data(), hidden, static_cast<int64_t>(n) * config_.n_embd);
+  const float* logits = model_->mtp_forward(*ops_, *states_, static_cast<int64_t>(n), hidden);
+  advance(state::Track::kMtp);
+  std::vector<float> out(n * config_.n_vocab);
+  ops_->download(logits, out.data(), static_cast<int64_t>(out.size()));
+  return out;
 }
 
 }  // namespace qwenrt::engine

@@ -1,11 +1,14 @@
 // The Engine: a loaded model, its backend and its sequence slots, driven one step at a time.
 // One entry point (step) serves the CLI, the server's continuous batching and speculative
-// verification: a batch mixes prefill chunks and decode tokens of many sequences.
+// verification: a batch mixes prefill chunks and decode tokens of many sequences, and runs as one
+// op call per layer per op whatever the number of sequences. A step ends in logits (tests,
+// perplexity, harnesses) or in tokens sampled on the backend (generation).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,17 +22,20 @@
 namespace qwenrt::engine {
 
 struct EngineOptions {
-  std::string backend = "ref";  // only the reference backend exists so far
-  int n_slots = 1;              // sequences held at once
+  std::string backend = "cpu";  // "cpu" (SIMD, threads) or "ref" (the scalar oracle)
+  int n_threads = 0;            // cpu backend threads; 0 = the physical cores
+  // A backend of the caller's making instead of `backend` (tests wrap one to watch its calls).
+  std::function<std::unique_ptr<ops::Ops>()> make_backend;
+  int n_slots = 1;    // sequences held at once
   int64_t n_ctx = 0;  // tokens per sequence; 0 = the model's context_length, capped at 32768
-  arch::DeltaNetMode deltanet_mode = arch::DeltaNetMode::kAuto;
+  ops::DeltaNetMode deltanet_mode = ops::DeltaNetMode::kAuto;
   // Read every weight page once at load (so the first step does not pay for page faults);
   // on_load_progress(bytes done, bytes total) is called as it goes.
   bool prefault = true;
   std::function<void(uint64_t, uint64_t)> on_load_progress;
 };
 
-// Rows of (slot, token, position, wants logits). A slot's tokens must be contiguous in the batch
+// Rows of (slot, token, position, wants output). A slot's tokens must be contiguous in the batch
 // and continue its sequence: the first at the slot's current length, then one position each.
 struct Batch {
   std::vector<int32_t> tokens;
@@ -38,6 +44,7 @@ struct Batch {
   std::vector<uint8_t> want_logits;
 
   void add(int slot, int32_t token, int32_t position, bool logits);
+  void clear();
   size_t size() const { return tokens.size(); }
 };
 
@@ -65,11 +72,19 @@ class Engine {
   const model::Identity& identity() const { return identity_; }
   const gguf::File& file() const { return file_; }
   state::StateStore& states() { return *states_; }
+  ops::Ops& backend() { return *ops_; }
 
   // Runs one batch; returns logits [rows wanting logits, n_vocab] in batch order.
   std::vector<float> step(const Batch& batch);
   // The same, also returning the final hidden states of those rows.
   StepOutput step_with_hidden(const Batch& batch);
+  // The same into `out`, reusing its buffers.
+  void step(const Batch& batch, StepOutput& out);
+  // Runs one batch and samples a token for each row wanting output, rows[i] for the i-th such
+  // row (on the backend: only the tokens and their log-probabilities come back). `out` is resized
+  // to the number of those rows; with the same batch shape, no allocation after the first call.
+  void step_sample(const Batch& batch, std::span<const ops::SamplingRow> rows, int n_top,
+                   std::vector<ops::SampledToken>& out);
 
   bool has_mtp() const { return model_->has_mtp(); }
   // Runs the MTP block; returns draft logits [rows, n_vocab]. Error if the model has none.
@@ -78,11 +93,13 @@ class Engine {
  private:
   Engine(gguf::File file, const EngineOptions& options);
   void prefault_weights(const std::function<void(uint64_t, uint64_t)>& progress);
-  // Checks rows (slot, token, position) and groups them into spans; `next` gives each slot's
-  // next expected position.
-  arch::ForwardBatch plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
-                          const std::vector<int32_t>& slots,
-                          int64_t (*next)(const state::SequenceState&));
+  // Checks rows (slot, token, position), groups them into spans, reserves their KV pages on the
+  // track and hands the layout to the backend.
+  void plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
+            const std::vector<int32_t>& slots, const std::vector<uint8_t>* want_output,
+            state::Track track);
+  arch::ForwardResult run(const Batch& batch);
+  void advance(state::Track track);
 
   gguf::File file_;
   model::Config config_;
@@ -91,6 +108,9 @@ class Engine {
   std::unique_ptr<ops::Ops> ops_;
   std::unique_ptr<arch::Model> model_;
   std::unique_ptr<state::StateStore> states_;
+  // The layout of the step being run (reused: no allocation per step once grown).
+  std::vector<ops::Span> spans_;
+  std::vector<int32_t> output_rows_;
 };
 
 }  // namespace qwenrt::engine

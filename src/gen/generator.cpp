@@ -74,15 +74,21 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
   GenerationResult result;
   result.n_prompt = static_cast<int64_t>(prompt.size());
 
-  // Prefill in chunks; only the last position's logits are needed.
+  // Prefill in chunks; the last one ends in the first sampled token (on the backend).
   const auto t_prompt = Clock::now();
-  std::vector<float> logits;
+  engine::Batch b;
+  std::vector<ops::SampledToken> sampled;
   for (size_t i = 0; i < prompt.size(); i += options.prefill_chunk) {
-    engine::Batch b;
+    b.clear();
     const size_t end = std::min(prompt.size(), i + options.prefill_chunk);
     for (size_t j = i; j < end; ++j)
       b.add(options.slot, prompt[j], static_cast<int32_t>(j), j + 1 == prompt.size());
-    logits = engine_.step(b);
+    if (end == prompt.size()) {
+      const ops::SamplingRow row = sampler.next_row(result.tokens);
+      engine_.step_sample(b, {&row, 1}, 0, sampled);
+    } else {
+      engine_.step_sample(b, {}, 0, sampled);
+    }
   }
   result.prompt_seconds = seconds_since(t_prompt);
 
@@ -107,7 +113,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
       token = forced.front();
       forced.erase(forced.begin());
     } else {
-      token = sampler.sample(logits, result.tokens);
+      token = sampled.at(0).id;
     }
     if (std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) {
       result.finish = FinishReason::kStopToken;
@@ -138,9 +144,15 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
     }
     emit(pending.size() - held_back(pending, options.stop));
     if (position + 1 >= n_ctx) break;  // the context is full: finish as length
-    engine::Batch b;
-    b.add(options.slot, token, static_cast<int32_t>(position++), true);
-    logits = engine_.step(b);
+    // A row whose next token is forced samples nothing (and draws nothing from the sampler).
+    b.clear();
+    b.add(options.slot, token, static_cast<int32_t>(position++), forced.empty());
+    if (forced.empty()) {
+      const ops::SamplingRow row = sampler.next_row(result.tokens);
+      engine_.step_sample(b, {&row, 1}, 0, sampled);
+    } else {
+      engine_.step_sample(b, {}, 0, sampled);
+    }
   }
   if (!stopped) result.finish = FinishReason::kLength;
   if (result.finish != FinishReason::kStopString) {

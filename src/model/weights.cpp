@@ -8,16 +8,6 @@
 
 namespace qwenrt::model {
 
-Weight Weight::expert(int64_t e) const {
-  Weight w;
-  w.name = fmt::format("{}[expert {}]", name, e);
-  w.view = view;
-  w.view.n_dims = 2;
-  w.view.ne[2] = 1;
-  w.view.data = static_cast<const uint8_t*>(view.data) + e * view.nb[2];
-  return w;
-}
-
 namespace {
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -179,6 +169,60 @@ Qwen35Weights bind_qwen35(const gguf::File& file, const Config& config) {
 
 Qwen35MoeWeights bind_qwen35moe(const gguf::File& file, const Config& config) {
   return bind<MoeFfnWeights>(file, config, bind_moe_ffn);
+}
+
+namespace {
+
+void visit(DenseFfnWeights& f, const std::function<void(Weight&)>& fn) {
+  for (Weight* w : {&f.gate, &f.up, &f.down}) fn(*w);
+}
+void visit(MoeFfnWeights& f, const std::function<void(Weight&)>& fn) {
+  for (Weight* w : {&f.router, &f.gate_exps, &f.up_exps, &f.gate_up_exps, &f.down_exps,
+                    &f.shared_gate_inp, &f.shared_gate, &f.shared_up, &f.shared_down}) {
+    if (w->present()) fn(*w);
+  }
+}
+void visit(AttentionWeights& a, const std::function<void(Weight&)>& fn) {
+  for (Weight* w : {&a.q, &a.k, &a.v, &a.qkv, &a.output, &a.q_norm, &a.k_norm}) {
+    if (w->present()) fn(*w);
+  }
+}
+void visit(DeltaNetWeights& d, const std::function<void(Weight&)>& fn) {
+  for (Weight* w :
+       {&d.qkv, &d.gate, &d.conv, &d.dt_bias, &d.a, &d.beta, &d.alpha, &d.norm, &d.output}) {
+    fn(*w);
+  }
+}
+
+template <class Ffn>
+void visit_model(ModelWeights<Ffn>& m, const std::function<void(Weight&)>& fn) {
+  // The MTP block may alias trunk tensors (embed, head): placing is idempotent per tensor, so a
+  // backend may see a tensor twice; it keys placement by the source bytes.
+  for (Weight* w : {&m.token_embd, &m.output_norm, &m.output}) fn(*w);
+  for (auto& layer : m.layers) {
+    fn(layer.attn_norm);
+    fn(layer.post_attn_norm);
+    std::visit([&](auto& mixer) { visit(mixer, fn); }, layer.mixer);
+    visit(layer.ffn, fn);
+  }
+  if (m.mtp) {
+    auto& t = *m.mtp;
+    for (Weight* w : {&t.eh_proj, &t.enorm, &t.hnorm, &t.embed, &t.head_norm, &t.head, &t.attn_norm,
+                      &t.post_attn_norm}) {
+      fn(*w);
+    }
+    visit(t.attn, fn);
+    visit(t.ffn, fn);
+  }
+}
+
+}  // namespace
+
+void for_each_weight(Qwen35Weights& w, const std::function<void(Weight&)>& fn) {
+  visit_model(w, fn);
+}
+void for_each_weight(Qwen35MoeWeights& w, const std::function<void(Weight&)>& fn) {
+  visit_model(w, fn);
 }
 
 }  // namespace qwenrt::model

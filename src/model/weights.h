@@ -2,26 +2,20 @@
 // Tensors stay in the mapped file (no copy); backends place them where they compute.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
-#include "core/tensor.h"
+#include "core/weight.h"
 #include "gguf/reader.h"
 #include "model/config.h"
+#include "ops/types.h"
 
 namespace qwenrt::model {
 
-// One weight tensor: its GGUF name and a view of its bytes (ggml order: ne[0] is the input dim).
-struct Weight {
-  std::string name;
-  TensorView view;
-
-  bool present() const { return view.data != nullptr; }
-  // The 2D slice for one expert of a 3D expert tensor [in, out, n_expert].
-  Weight expert(int64_t e) const;
-};
+using qwenrt::Weight;
 
 // Full (gated) attention. attn_q is double width: per head, head_dim query values then
 // head_dim gate values. Some files fuse q|k|v into attn_qkv instead.
@@ -53,17 +47,8 @@ struct DenseFfnWeights {
   Weight down;  // ffn_down [n_ff, n_embd]
 };
 
-struct MoeFfnWeights {
-  Weight router;           // ffn_gate_inp [n_embd, n_expert] F32
-  Weight gate_exps;        // ffn_gate_exps [n_embd, n_ff_exp, n_expert] (absent when fused)
-  Weight up_exps;          // ffn_up_exps   [n_embd, n_ff_exp, n_expert] (absent when fused)
-  Weight gate_up_exps;     // ffn_gate_up_exps [n_embd, 2 * n_ff_exp, n_expert]: gate rows, then up
-  Weight down_exps;        // ffn_down_exps [n_ff_exp, n_embd, n_expert]
-  Weight shared_gate_inp;  // ffn_gate_inp_shexp [n_embd] F32: the shared expert's scalar gate
-  Weight shared_gate;      // ffn_gate_shexp [n_embd, n_ff_shexp]
-  Weight shared_up;        // ffn_up_shexp   [n_embd, n_ff_shexp]
-  Weight shared_down;      // ffn_down_shexp [n_ff_shexp, n_embd]
-};
+// The MoE tensors are an ops-level struct: the backends' MoE kernels take them whole.
+using MoeFfnWeights = ops::MoeWeights;
 
 template <class Ffn>
 struct Layer {
@@ -105,5 +90,9 @@ using Qwen35MoeWeights = ModelWeights<MoeFfnWeights>;
 // one. Error: "<file>: tensor 'blk.3.attn_q.weight': expected shape [256, 1024], got [256, 512]".
 Qwen35Weights bind_qwen35(const gguf::File& file, const Config& config);
 Qwen35MoeWeights bind_qwen35moe(const gguf::File& file, const Config& config);
+
+// Calls fn on every tensor the model holds (to place them on a backend).
+void for_each_weight(Qwen35Weights& w, const std::function<void(Weight&)>& fn);
+void for_each_weight(Qwen35MoeWeights& w, const std::function<void(Weight&)>& fn);
 
 }  // namespace qwenrt::model

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "ops/ref/sampling.h"
 
 namespace qwenrt::sample {
 
@@ -25,7 +26,12 @@ SamplingParams resolve(const SamplingRequest& r, model::Checkpoint checkpoint, b
   return p;
 }
 
-Sampler::Sampler(SamplingParams params) : params_(std::move(params)), state_(params_.seed) {
+Sampler::Sampler(SamplingParams params)
+    : params_(std::move(params)),
+      bias_(params_.logit_bias.begin(), params_.logit_bias.end()),
+      state_(params_.seed) {
+  // A fixed order for the bias list (the map's order is unspecified).
+  std::sort(bias_.begin(), bias_.end());
   const auto& p = params_;
   if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
     fail("temperature must be >= 0, got {}", p.temperature);
@@ -45,82 +51,33 @@ double Sampler::uniform() {
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
+ops::SamplingRow Sampler::row(std::span<const int32_t> history, double u) const {
+  const auto& p = params_;
+  return {.temperature = p.temperature,
+          .top_k = p.top_k,
+          .top_p = p.top_p,
+          .min_p = p.min_p,
+          .presence_penalty = p.presence_penalty,
+          .frequency_penalty = p.frequency_penalty,
+          .repetition_penalty = p.repetition_penalty,
+          .logit_bias = bias_,
+          .history = history,
+          .u = u};
+}
+
+ops::SamplingRow Sampler::next_row(std::span<const int32_t> history) {
+  // Greedy rows draw nothing, so a greedy stretch leaves the generator where it was.
+  return row(history, params_.temperature == 0 ? 0.0 : uniform());
+}
+
 std::vector<float> Sampler::distribution(std::span<const float> logits,
                                          std::span<const int32_t> history) const {
-  const auto& p = params_;
-  const int64_t n = static_cast<int64_t>(logits.size());
-  std::vector<double> l(logits.begin(), logits.end());
-  for (const auto& [id, bias] : p.logit_bias) {
-    if (id < 0 || id >= n) fail("logit_bias: token id {} is outside the vocabulary of {}", id, n);
-    l[id] += bias;
-  }
-  if (p.presence_penalty != 0 || p.frequency_penalty != 0 || p.repetition_penalty != 1) {
-    std::unordered_map<int32_t, int> counts;
-    for (int32_t t : history) {
-      if (t >= 0 && t < n) ++counts[t];
-    }
-    for (const auto& [t, c] : counts) {
-      // Repetition penalty as in CTRL / llama.cpp: shrink positive logits, grow negative ones.
-      l[t] = l[t] > 0 ? l[t] / p.repetition_penalty : l[t] * p.repetition_penalty;
-      l[t] -= p.presence_penalty + double(p.frequency_penalty) * c;
-    }
-  }
-  std::vector<float> probs(n, 0.0f);
-  if (p.temperature == 0) {
-    probs[std::max_element(l.begin(), l.end()) - l.begin()] = 1.0f;
-    return probs;
-  }
-  // Candidates sorted by logit (ties by lower id), then top-k, softmax, top-p, min-p.
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  const int64_t k = p.top_k > 0 ? std::min<int64_t>(p.top_k, n) : n;
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                    [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-  order.resize(k);
-  if (!std::isfinite(l[order[0]])) fail("sampling: no token has a finite logit");
-  std::vector<double> q(k);
-  double sum = 0;
-  for (int64_t i = 0; i < k; ++i)
-    sum += q[i] = std::exp((l[order[i]] - l[order[0]]) / p.temperature);
-  for (auto& v : q) v /= sum;
-  int64_t keep = k;
-  if (p.top_p < 1) {
-    double cum = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      cum += q[i];
-      if (cum >= p.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  if (p.min_p > 0) {
-    const double floor = p.min_p * q[0];
-    int64_t i = 1;
-    while (i < keep && q[i] >= floor) ++i;
-    keep = i;
-  }
-  double kept = 0;
-  for (int64_t i = 0; i < keep; ++i) kept += q[i];
-  for (int64_t i = 0; i < keep; ++i) probs[order[i]] = static_cast<float>(q[i] / kept);
-  return probs;
+  return ops::ref::sampling_distribution(logits, row(history, 0.0));
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
-  const std::vector<float> probs = distribution(logits, history);
-  if (params_.temperature == 0)
-    return static_cast<int32_t>(std::max_element(probs.begin(), probs.end()) - probs.begin());
-  const double u = uniform();
-  double cum = 0;
-  int32_t last = -1;
-  for (size_t i = 0; i < probs.size(); ++i) {
-    if (probs[i] <= 0) continue;
-    cum += probs[i];
-    last = static_cast<int32_t>(i);
-    if (u < cum) return last;
-  }
-  if (last < 0) fail("sampling: every token was excluded");
-  return last;  // rounding left u just above the total
+  const ops::SamplingRow r = next_row(history);
+  return ops::ref::pick_token(ops::ref::sampling_distribution(logits, r), r);
 }
 
 }  // namespace qwenrt::sample

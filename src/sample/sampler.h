@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/identity.h"
+#include "ops/types.h"
 
 namespace qwenrt::sample {
 
@@ -57,12 +58,19 @@ class Sampler {
   std::vector<float> distribution(std::span<const float> logits,
                                   std::span<const int32_t> history) const;
 
+  // The row a backend samples with (ops::Ops::sample), drawing the next uniform number when the
+  // settings are not greedy; sample() is exactly pick_token(sampling_distribution(next_row())).
+  // The row refers to this sampler's bias list and to `history`: keep both alive until used.
+  ops::SamplingRow next_row(std::span<const int32_t> history);
+
   const SamplingParams& params() const { return params_; }
 
  private:
+  ops::SamplingRow row(std::span<const int32_t> history, double u) const;
   double uniform();  // [0, 1) from the seeded generator, identical on every platform
 
   SamplingParams params_;
+  std::vector<std::pair<int32_t, float>> bias_;
   uint64_t state_;
 };
 

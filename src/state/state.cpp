@@ -1,48 +1,254 @@
 #include "state/state.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "core/error.h"
 
 namespace qwenrt::state {
 
-StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx)
-    : config_(config), n_ctx_(n_ctx) {
+Snapshot::Snapshot(Snapshot&& other) noexcept {
+  *this = std::move(other);
+}
+
+Snapshot& Snapshot::operator=(Snapshot&& other) noexcept {
+  if (this != &other) {
+    release();
+    store_ = std::exchange(other.store_, nullptr);
+    recurrent_ = std::exchange(other.recurrent_, nullptr);
+    for (int t = 0; t < 2; ++t) {
+      length_[t] = other.length_[t];
+      pages_[t] = std::move(other.pages_[t]);
+      other.pages_[t].clear();
+    }
+  }
+  return *this;
+}
+
+Snapshot::~Snapshot() {
+  release();
+}
+
+void Snapshot::release() {
+  if (!store_) return;
+  for (int t = 0; t < 2; ++t) {
+    for (int32_t p : pages_[t]) store_->unref(store_->tracks_[t], p);
+    pages_[t].clear();
+  }
+  if (recurrent_) store_->backend_.free_buffer(recurrent_);
+  recurrent_ = nullptr;
+  store_ = nullptr;
+}
+
+StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, ops::Ops& backend,
+                       int page_size)
+    : config_(config), backend_(backend), n_slots_(n_slots), n_ctx_(n_ctx), page_size_(page_size) {
   if (n_slots < 1) fail("state: need at least one sequence slot, got {}", n_slots);
   if (n_ctx < 1) fail("state: context size must be positive, got {}", n_ctx);
-  slots_.resize(n_slots);
-  for (int i = 0; i < n_slots; ++i) reset(i);
-}
-
-SequenceState& StateStore::slot(int index) {
-  if (index < 0 || index >= n_slots())
-    fail("state: slot {} out of range [0, {})", index, n_slots());
-  return slots_[index];
-}
-
-const SequenceState& StateStore::slot(int index) const {
-  if (index < 0 || index >= n_slots())
-    fail("state: slot {} out of range [0, {})", index, n_slots());
-  return slots_[index];
-}
-
-void StateStore::reset(int index) {
-  SequenceState& s = slot(index);
-  s.n_tokens = 0;
-  s.n_mtp_tokens = 0;
-  s.layers.assign(config_.n_layer + config_.n_layer_nextn, {});
-  for (int il = 0; il < config_.n_layer; ++il) {
-    if (config_.is_attention_layer(il)) continue;  // KV rows grow as tokens arrive
-    s.layers[il].conv.assign(int64_t{config_.conv_kernel - 1} * config_.conv_channels(), 0.0f);
-    s.layers[il].delta.assign(
-        int64_t{config_.ssm_v_heads} * config_.ssm_head_dim * config_.ssm_head_dim, 0.0f);
+  if (page_size < 1) fail("state: page size must be positive, got {}", page_size);
+  max_pages_ = (n_ctx + page_size - 1) / page_size;
+  // Every slot full, plus room for each slot's copied last page while snapshots hold the old one.
+  n_pages_ = n_slots * max_pages_ + 2 * int64_t{n_slots} + 2;
+  const int n_state_layers = config.n_layer + config.n_layer_nextn;
+  kv_.resize(n_state_layers);
+  recurrent_.resize(n_state_layers);
+  conv_floats_ = int64_t{config.conv_kernel - 1} * config.conv_channels();
+  delta_floats_ = int64_t{config.ssm_v_heads} * config.ssm_head_dim * config.ssm_head_dim;
+  const int64_t kv_dim = int64_t{config.n_head_kv} * config.head_dim;
+  auto buffer = [&](int64_t floats) {
+    buffers_.push_back(backend_.alloc_buffer(floats * int64_t{sizeof(float)}));
+    return static_cast<float*>(buffers_.back());
+  };
+  for (int il = 0; il < n_state_layers; ++il) {
+    if (il >= config.n_layer || config.is_attention_layer(il)) {
+      const int64_t floats = n_pages_ * page_size * kv_dim;
+      kv_[il] = {
+          .k = buffer(floats), .v = buffer(floats), .page_size = page_size, .kv_dim = kv_dim};
+      tracks_[il >= config.n_layer ? 1 : 0].layers.push_back(il);
+    } else {
+      recurrent_[il] = {.conv = buffer(n_slots * conv_floats_),
+                        .delta = buffer(n_slots * delta_floats_)};
+    }
+  }
+  for (TrackState& t : tracks_) {
+    t.tables.assign(n_slots * max_pages_, -1);
+    t.length.assign(n_slots, 0);
+    t.refcount.assign(n_pages_, 0);
+    t.free_pages.resize(n_pages_);
+    // A stack popping page 0 first.
+    for (int64_t p = 0; p < n_pages_; ++p) t.free_pages[p] = static_cast<int32_t>(n_pages_ - 1 - p);
   }
 }
 
-void StateStore::restore(int index, const Snapshot& snapshot) {
-  if (snapshot.layers.size() != static_cast<size_t>(config_.n_layer + config_.n_layer_nextn)) {
-    fail("state: snapshot has {} layers, model has {}", snapshot.layers.size(),
-         config_.n_layer + config_.n_layer_nextn);
+StateStore::~StateStore() {
+  for (void* b : buffers_) backend_.free_buffer(b);
+}
+
+void StateStore::check_slot(int slot) const {
+  if (slot < 0 || slot >= n_slots_) fail("state: slot {} out of range [0, {})", slot, n_slots_);
+}
+
+int64_t StateStore::length(int slot, Track track) const {
+  check_slot(slot);
+  return tracks_[int(track)].length[slot];
+}
+
+const ops::KvLayer& StateStore::kv(int il) const {
+  if (!kv_.at(il).k) fail("state: layer {} has no KV pool", il);
+  return kv_[il];
+}
+
+const ops::RecurrentLayer& StateStore::recurrent(int il) const {
+  if (!recurrent_.at(il).conv) fail("state: layer {} has no recurrent state", il);
+  return recurrent_[il];
+}
+
+int32_t StateStore::take_page(TrackState& t) {
+  if (t.free_pages.empty()) fail("state: the KV page pool ({} pages) is exhausted", n_pages_);
+  const int32_t p = t.free_pages.back();
+  t.free_pages.pop_back();
+  t.refcount[p] = 1;
+  return p;
+}
+
+void StateStore::unref(TrackState& t, int32_t page) {
+  if (--t.refcount[page] == 0) t.free_pages.push_back(page);
+}
+
+void StateStore::copy_page(const TrackState& t, int32_t from, int32_t to) {
+  for (int il : t.layers) {
+    const ops::KvLayer& kv = kv_[il];
+    const int64_t floats = int64_t{page_size_} * kv.kv_dim;
+    backend_.copy(kv.k + to * floats, kv.k + from * floats, floats * int64_t{sizeof(float)});
+    backend_.copy(kv.v + to * floats, kv.v + from * floats, floats * int64_t{sizeof(float)});
   }
-  slot(index) = snapshot;
+}
+
+void StateStore::release_pages(int slot, Track track) {
+  TrackState& t = tracks_[int(track)];
+  int32_t* table = t.tables.data() + slot * max_pages_;
+  for (int64_t i = 0; i < max_pages_ && table[i] >= 0; ++i) {
+    unref(t, table[i]);
+    table[i] = -1;
+  }
+  t.length[slot] = 0;
+}
+
+void StateStore::reset(int slot) {
+  check_slot(slot);
+  release_pages(slot, Track::kTrunk);
+  release_pages(slot, Track::kMtp);
+  for (const ops::RecurrentLayer& r : recurrent_) {
+    if (!r.conv) continue;
+    backend_.fill_zero(r.conv + slot * conv_floats_, conv_floats_ * int64_t{sizeof(float)});
+    backend_.fill_zero(r.delta + slot * delta_floats_, delta_floats_ * int64_t{sizeof(float)});
+  }
+}
+
+void StateStore::reserve(int slot, int64_t count, Track track) {
+  check_slot(slot);
+  TrackState& t = tracks_[int(track)];
+  const int64_t begin = t.length[slot], end = begin + count;
+  if (end > n_ctx_)
+    fail("state: slot {} would hold {} tokens, the context is {}", slot, end, n_ctx_);
+  if (count <= 0 || t.layers.empty()) return;
+  int32_t* table = t.tables.data() + slot * max_pages_;
+  for (int64_t i = begin / page_size_; i <= (end - 1) / page_size_; ++i) {
+    if (table[i] < 0) {
+      table[i] = take_page(t);
+    } else if (t.refcount[table[i]] > 1) {  // shared: copy before writing
+      const int32_t fresh = take_page(t);
+      copy_page(t, table[i], fresh);
+      unref(t, table[i]);
+      table[i] = fresh;
+    }
+  }
+}
+
+void StateStore::advance(int slot, int64_t count, Track track) {
+  check_slot(slot);
+  tracks_[int(track)].length[slot] += count;
+}
+
+int64_t StateStore::recurrent_bytes() const {
+  int64_t layers = 0;
+  for (const auto& r : recurrent_) layers += r.conv ? 1 : 0;
+  return layers * (conv_floats_ + delta_floats_) * int64_t{sizeof(float)};
+}
+
+Snapshot StateStore::snapshot(int slot) {
+  check_slot(slot);
+  Snapshot s;
+  s.store_ = this;
+  if (const int64_t bytes = recurrent_bytes(); bytes > 0) {
+    s.recurrent_ = backend_.alloc_buffer(bytes);
+    auto* dst = static_cast<float*>(s.recurrent_);
+    for (const auto& r : recurrent_) {
+      if (!r.conv) continue;
+      backend_.copy(dst, r.conv + slot * conv_floats_, conv_floats_ * int64_t{sizeof(float)});
+      dst += conv_floats_;
+      backend_.copy(dst, r.delta + slot * delta_floats_, delta_floats_ * int64_t{sizeof(float)});
+      dst += delta_floats_;
+    }
+  }
+  for (int ti = 0; ti < 2; ++ti) {
+    TrackState& t = tracks_[ti];
+    s.length_[ti] = t.length[slot];
+    const int32_t* table = t.tables.data() + slot * max_pages_;
+    for (int64_t i = 0; i < max_pages_ && table[i] >= 0; ++i) {
+      ++t.refcount[table[i]];
+      s.pages_[ti].push_back(table[i]);
+    }
+  }
+  return s;
+}
+
+void StateStore::restore(int slot, const Snapshot& s) {
+  check_slot(slot);
+  if (s.store_ != this) fail("state: the snapshot belongs to another state store");
+  if (s.recurrent_) {
+    const auto* src = static_cast<const float*>(s.recurrent_);
+    for (const auto& r : recurrent_) {
+      if (!r.conv) continue;
+      backend_.copy(r.conv + slot * conv_floats_, src, conv_floats_ * int64_t{sizeof(float)});
+      src += conv_floats_;
+      backend_.copy(r.delta + slot * delta_floats_, src, delta_floats_ * int64_t{sizeof(float)});
+      src += delta_floats_;
+    }
+  }
+  for (int ti = 0; ti < 2; ++ti) {
+    release_pages(slot, Track(ti));
+    TrackState& t = tracks_[ti];
+    int32_t* table = t.tables.data() + slot * max_pages_;
+    for (size_t i = 0; i < s.pages_[ti].size(); ++i) {
+      table[i] = s.pages_[ti][i];
+      ++t.refcount[table[i]];
+    }
+    t.length[slot] = s.length_[ti];
+  }
+}
+
+void StateStore::share_kv(int src, int dst, int64_t n_tokens) {
+  check_slot(src);
+  check_slot(dst);
+  TrackState& t = tracks_[0];
+  if (src == dst) fail("state: cannot share a slot's KV with itself");
+  if (t.length[dst] != 0) fail("state: slot {} must be empty to receive shared KV", dst);
+  if (n_tokens < 0 || n_tokens > t.length[src]) {
+    fail("state: slot {} holds {} tokens, cannot share {}", src, t.length[src], n_tokens);
+  }
+  const int32_t* from = t.tables.data() + src * max_pages_;
+  int32_t* to = t.tables.data() + dst * max_pages_;
+  for (int64_t i = 0; i < (n_tokens + page_size_ - 1) / page_size_; ++i) {
+    to[i] = from[i];
+    ++t.refcount[to[i]];
+  }
+  t.length[dst] = n_tokens;
+}
+
+int64_t StateStore::pages_in_use(Track track) const {
+  const TrackState& t = tracks_[int(track)];
+  return n_pages_ - static_cast<int64_t>(t.free_pages.size());
 }
 
 }  // namespace qwenrt::state

@@ -1,51 +1,120 @@
-// Per-sequence state: KV rows for attention layers, conv + delta state for DeltaNet layers.
+// Sequence state in backend memory (DESIGN.md, "Backends" 2): the KV of attention layers in pools
+// of fixed-size pages with a page table and a length per slot, and one recurrent-state block per
+// slot per DeltaNet layer. The store does the bookkeeping on the host (which pages a slot holds,
+// reference counts); the bytes live in buffers the backend allocated and only it touches.
 //
-// Recurrent state cannot be truncated, so rollback is snapshot + restore; speculation and the
-// prefix cache are built on that. The reference layout is contiguous host vectors per slot;
-// paged device KV comes with the fast backends behind the same slot interface.
+// Two page tracks: the trunk's attention layers share one length and one page table per slot
+// (page p of every trunk layer belongs to the same tokens); the MTP block's attention layer has its
+// own length (n_mtp_tokens) and table. Pages are shared read-only between slots and snapshots by
+// reference count; a write into a shared page copies it first (copy on write), so sharing never
+// changes what another holder reads. Recurrent state cannot be truncated: a snapshot copies it, and
+// restore copies it back and sets the KV lengths (truncating).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "model/config.h"
+#include "ops/ops.h"
 
 namespace qwenrt::state {
 
-struct LayerState {
-  std::vector<float> k;      // attention: [n_tokens, n_head_kv * head_dim]
-  std::vector<float> v;      // attention: [n_tokens, n_head_kv * head_dim]
-  std::vector<float> conv;   // DeltaNet: [conv_kernel - 1, conv_channels], oldest input first
-  std::vector<float> delta;  // DeltaNet: [Hv, D (key), D (value)]
-};
+enum class Track { kTrunk = 0, kMtp = 1 };
 
-struct SequenceState {
-  int64_t n_tokens = 0;            // tokens consumed so far (the next position)
-  int64_t n_mtp_tokens = 0;        // positions the MTP block has seen (its KV rows)
-  std::vector<LayerState> layers;  // trunk layers, then the MTP blocks' attention
-};
+class StateStore;
 
-// A saved copy of one slot's state.
-using Snapshot = SequenceState;
+// A saved copy of one slot's state: its recurrent state (a backend buffer) and its KV pages (held
+// by reference). Move-only; releases what it holds when destroyed. Must not outlive its store.
+class Snapshot {
+ public:
+  Snapshot() = default;
+  Snapshot(Snapshot&& other) noexcept;
+  Snapshot& operator=(Snapshot&& other) noexcept;
+  Snapshot(const Snapshot&) = delete;
+  Snapshot& operator=(const Snapshot&) = delete;
+  ~Snapshot();
+
+  int64_t n_tokens() const { return length_[0]; }
+
+ private:
+  friend class StateStore;
+  void release();
+  StateStore* store_ = nullptr;
+  void* recurrent_ = nullptr;  // backend buffer: every DeltaNet layer's conv then delta block
+  int64_t length_[2] = {0, 0};
+  std::vector<int32_t> pages_[2];
+};
 
 class StateStore {
  public:
-  StateStore(const model::Config& config, int n_slots, int64_t n_ctx);
+  // Pools for n_slots sequences of up to n_ctx tokens (plus spare pages for copy on write).
+  StateStore(const model::Config& config, int n_slots, int64_t n_ctx, ops::Ops& backend,
+             int page_size = 64);
+  ~StateStore();
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
 
-  int n_slots() const { return static_cast<int>(slots_.size()); }
+  int n_slots() const { return n_slots_; }
   int64_t n_ctx() const { return n_ctx_; }
-  SequenceState& slot(int index);
-  const SequenceState& slot(int index) const;
+  int page_size() const { return page_size_; }
+  // Tokens a slot holds on a track (the next position).
+  int64_t length(int slot, Track track = Track::kTrunk) const;
+  int64_t n_tokens(int slot) const { return length(slot, Track::kTrunk); }
+  int64_t n_mtp_tokens(int slot) const { return length(slot, Track::kMtp); }
 
-  // Empties a slot (zero recurrent state, no KV).
-  void reset(int index);
-  Snapshot snapshot(int index) const { return slot(index); }
-  void restore(int index, const Snapshot& snapshot);
+  // Empties a slot: zero recurrent state, no KV pages.
+  void reset(int slot);
+  // Makes the slot's pages for positions [length, length + count) writable: allocates pages
+  // and copies a shared last page. Error when the context or the pool would overflow.
+  void reserve(int slot, int64_t count, Track track);
+  // Adds count tokens to the slot's length (after a step wrote them).
+  void advance(int slot, int64_t count, Track track);
+
+  // Backend memory of layer il: KV pool (attention and MTP layers) or recurrent blocks (DeltaNet).
+  const ops::KvLayer& kv(int il) const;
+  const ops::RecurrentLayer& recurrent(int il) const;
+  // Page tables of every slot on a track, [n_slots, page_table_stride()].
+  const int32_t* page_tables(Track track) const { return tracks_[int(track)].tables.data(); }
+  int64_t page_table_stride() const { return max_pages_; }
+
+  Snapshot snapshot(int slot);
+  void restore(int slot, const Snapshot& snapshot);
+  // Gives the empty slot `dst` the first n_tokens of `src`'s trunk KV, sharing src's pages (no copy
+  // until one of them writes into a shared page). Recurrent state is not shared: restore a
+  // snapshot into dst for that.
+  void share_kv(int src, int dst, int64_t n_tokens);
+
+  // Pages in use on a track (for tests and metrics).
+  int64_t pages_in_use(Track track) const;
 
  private:
+  friend class Snapshot;
+  struct TrackState {
+    std::vector<int> layers;          // state layers whose pools this track's tables index
+    std::vector<int32_t> tables;      // [n_slots, max_pages]; -1 = none
+    std::vector<int64_t> length;      // per slot
+    std::vector<int32_t> refcount;    // per page
+    std::vector<int32_t> free_pages;  // a stack
+  };
+  void check_slot(int slot) const;
+  int32_t take_page(TrackState& t);
+  void unref(TrackState& t, int32_t page);
+  void copy_page(const TrackState& t, int32_t from, int32_t to);
+  void release_pages(int slot, Track track);
+  int64_t recurrent_bytes() const;
+
   const model::Config& config_;
+  ops::Ops& backend_;
+  int n_slots_;
   int64_t n_ctx_;
-  std::vector<SequenceState> slots_;
+  int page_size_;
+  int64_t max_pages_;                           // per slot
+  int64_t n_pages_;                             // per pool
+  int64_t conv_floats_ = 0, delta_floats_ = 0;  // per slot per DeltaNet layer
+  std::vector<ops::KvLayer> kv_;                // per state layer (empty for DeltaNet)
+  std::vector<ops::RecurrentLayer> recurrent_;  // per state layer (empty for attention)
+  std::vector<void*> buffers_;                  // every backend buffer this store owns
+  TrackState tracks_[2];
 };
 
 }  // namespace qwenrt::state

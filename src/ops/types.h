@@ -1,0 +1,146 @@
+// Argument structs shared by the Ops interface and its backends' kernels.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "core/weight.h"
+
+namespace qwenrt::ops {
+
+// The tensors of one MoE FFN layer (SPEC: MoE FFN). Gate and up come separate or fused.
+struct MoeWeights {
+  Weight router;           // ffn_gate_inp [n_embd, n_expert] F32
+  Weight gate_exps;        // ffn_gate_exps [n_embd, n_ff_exp, n_expert] (absent when fused)
+  Weight up_exps;          // ffn_up_exps   [n_embd, n_ff_exp, n_expert] (absent when fused)
+  Weight gate_up_exps;     // ffn_gate_up_exps [n_embd, 2 * n_ff_exp, n_expert]: gate rows, then up
+  Weight down_exps;        // ffn_down_exps [n_ff_exp, n_embd, n_expert]
+  Weight shared_gate_inp;  // ffn_gate_inp_shexp [n_embd] F32: the shared expert's scalar gate
+  Weight shared_gate;      // ffn_gate_shexp [n_embd, n_ff_shexp]
+  Weight shared_up;        // ffn_up_shexp   [n_embd, n_ff_shexp]
+  Weight shared_down;      // ffn_down_shexp [n_ff_shexp, n_embd]
+};
+
+// Arguments of the gated delta rule for one sequence of n tokens (SPEC: Gated DeltaNet, step 5).
+struct GatedDeltaArgs {
+  const float* q;  // [n, Hk, D], L2-normalised, row stride q_stride floats
+  const float* k;  // [n, Hk, D], L2-normalised, row stride k_stride floats
+  const float* v;  // [n, Hv, D], row stride v_stride floats
+  int64_t q_stride, k_stride, v_stride;
+  const float* g;     // [n, Hv]: log decay (a * softplus(alpha + dt_bias)), <= 0
+  const float* beta;  // [n, Hv]: sigmoid(beta logits)
+  float* state;       // [Hv, D (key), D (value)], read and updated
+  float* out;         // [n, Hv, D]
+  int64_t n;          // tokens
+  int n_k_heads;      // Hk; V head h reads K head h % Hk
+  int n_v_heads;      // Hv
+  int head_dim;       // D
+};
+
+// One sequence's rows in a step: rows [begin, begin + count) belong to slot `slot`, which held
+// n_past tokens before the step.
+struct Span {
+  int32_t slot = 0;
+  int32_t begin = 0;
+  int32_t count = 0;
+  int32_t n_past = 0;
+};
+
+// How DeltaNet layers run a span of several tokens (one token always runs the recurrence).
+enum class DeltaNetMode { kAuto, kRecurrent, kChunked };
+
+// The layout of one step, handed to the backend once per step (Ops::begin_step) and used by every
+// op that works per sequence. All arrays are host memory; a device backend uploads them once.
+struct StepLayout {
+  const int32_t* tokens = nullptr;     // [n]
+  const int32_t* positions = nullptr;  // [n]
+  int64_t n = 0;
+  const Span* spans = nullptr;  // cover rows [0, n) in order, one per slot
+  int n_spans = 0;
+  const int32_t* output_rows = nullptr;  // rows whose logits (or samples) are wanted, ascending
+  int64_t n_output_rows = 0;
+  // KV page tables of every slot [n_slots, page_table_stride], pages in token order (token t of a
+  // slot is row t % page_size of page table[t / page_size]).
+  const int32_t* page_tables = nullptr;
+  int64_t page_table_stride = 0;
+  DeltaNetMode deltanet_mode = DeltaNetMode::kAuto;
+};
+
+// The KV pool of one attention layer in backend memory: k and v [n_pages, page_size, kv_dim]
+// (kv_dim = n_head_kv * head_dim). Pages are allocated to slots by state::StateStore.
+struct KvLayer {
+  float* k = nullptr;
+  float* v = nullptr;
+  int page_size = 0;
+  int64_t kv_dim = 0;
+};
+
+// The recurrent state of one DeltaNet layer in backend memory, one block per slot:
+// conv [n_slots, K-1, C] (oldest input first), delta [n_slots, Hv, D (key), D (value)].
+struct RecurrentLayer {
+  float* conv = nullptr;
+  float* delta = nullptr;
+};
+
+// Gated attention's core for every span of the step (SPEC: gated attention, after the q/k norms
+// and RoPE): writes k, v [n, kv_dim] into each span's pages at positions n_past.., then each
+// query row i of a span (at position n_past + i) attends causally over its slot's keys.
+struct AttentionArgs {
+  const float* q;    // [n, n_head, head_dim], rows q_stride floats apart
+  int64_t q_stride;  // floats
+  const float* k;    // [n, n_head_kv, head_dim] (contiguous)
+  const float* v;    // [n, n_head_kv, head_dim] (contiguous)
+  const KvLayer& kv;
+  float* out;  // [n, n_head, head_dim]
+  int n_head, n_head_kv, head_dim;
+  float scale;
+};
+
+// The DeltaNet core after the projections, for every span of the step (SPEC: Gated DeltaNet
+// steps 2-6): conv1d + SiLU over the fused q|k|v stream with per-slot conv state, split, L2 norm
+// of q and k per K head, gates, the gated delta rule with per-slot state, then per V head
+// rmsnorm(o, norm) * silu(z).
+struct DeltaNetArgs {
+  const float* qkv;       // [n, C = 2 Hk D + Hv D]: the attn_qkv projection
+  const float* z;         // [n, Hv D]: the attn_gate projection
+  const float* alpha;     // [n, Hv]: ssm_alpha projection
+  const float* beta;      // [n, Hv]: ssm_beta projection
+  const Weight& conv;     // ssm_conv1d [K, C] F32
+  const Weight& dt_bias;  // [Hv] F32
+  const Weight& a;        // [Hv] F32
+  const Weight& norm;     // [D] F32
+  const RecurrentLayer& state;
+  float* out;  // [n, Hv D]
+  int n_k_heads, n_v_heads, head_dim;
+  float eps;  // rms_eps: the L2 norms' floor and the gated norm's epsilon
+};
+
+// Sampling of one output row (sample/sampler.h resolves these from a request; its semantics, in
+// ops/ref/sampling.cpp, are the definition every backend follows).
+struct SamplingRow {
+  float temperature = 1.0f;  // 0 = greedy
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  float min_p = 0.0f;        // 0 = off
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;  // 1 = off
+  std::span<const std::pair<int32_t, float>> logit_bias;
+  std::span<const int32_t> history;  // tokens the penalties count
+  double u = 0.0;                    // the uniform draw in [0, 1) that picks the token
+};
+
+constexpr int kMaxTopLogprobs = 20;
+
+// A sampled token with the log-probability the model gave it (log-softmax of the raw logits,
+// before bias, penalties, temperature and filters) and the top n_top tokens by that measure.
+struct SampledToken {
+  int32_t id = -1;
+  float logprob = 0.0f;
+  int n_top = 0;
+  int32_t top_ids[kMaxTopLogprobs] = {};
+  float top_logprobs[kMaxTopLogprobs] = {};
+};
+
+}  // namespace qwenrt::ops

@@ -1,0 +1,308 @@
+// The backend seam's properties (DESIGN.md "Backends"): one op call per layer per op whatever the
+// number of sequences, no allocation in a decode step after warm-up, a snapshot of one slot
+// leaves every other slot alone, shared KV pages are copied on write, and sampling on the
+// backend equals the sampler.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <new>
+#include <random>
+#include <string>
+
+#include "engine/engine.h"
+#include "ops/ref/sampling.h"
+#include "sample/sampler.h"
+#include "support/model_files.h"
+
+// Counts heap allocations while armed (the whole test binary shares this operator new). GCC
+// pairs the inlined malloc/free with new/delete expressions and warns; the pairing is ours.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+namespace {
+std::atomic<bool> g_count_allocs{false};
+std::atomic<int64_t> g_allocs{0};
+}  // namespace
+
+void* operator new(size_t size) {
+  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1);
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+
+namespace qwenrt {
+namespace {
+
+using engine::Batch;
+using engine::Engine;
+using engine::EngineOptions;
+using testing_support::rel_l2;
+
+// Forwards to a backend and counts the calls of each entry.
+class CountingOps final : public ops::Ops {
+ public:
+  explicit CountingOps(std::unique_ptr<ops::Ops> inner, std::map<std::string, int>* counts)
+      : inner_(std::move(inner)), counts_(counts) {}
+  const char* name() const override { return inner_->name(); }
+  float* alloc(int64_t n) override { return tick("alloc"), inner_->alloc(n); }
+  void reset_workspace() override { inner_->reset_workspace(); }
+  void* alloc_buffer(int64_t b) override { return inner_->alloc_buffer(b); }
+  void free_buffer(void* b) override { inner_->free_buffer(b); }
+  void copy(void* d, const void* s, int64_t b) override { tick("copy"), inner_->copy(d, s, b); }
+  void fill_zero(void* d, int64_t b) override { inner_->fill_zero(d, b); }
+  void upload(const float* h, float* d, int64_t n) override {
+    tick("upload"), inner_->upload(h, d, n);
+  }
+  void download(const float* s, float* h, int64_t n) override {
+    tick("download"), inner_->download(s, h, n);
+  }
+  Weight place(const Weight& w) override { return inner_->place(w); }
+  void begin_step(const ops::StepLayout& l) override { tick("begin_step"), inner_->begin_step(l); }
+  void embed(const Weight& t, float* o) override { tick("embed"), inner_->embed(t, o); }
+  void matmul(const Weight& w, const float* x, float* y, int64_t n) override {
+    tick("matmul"), inner_->matmul(w, x, y, n);
+  }
+  void rmsnorm(const float* x, const Weight& w, float* o, int64_t r, int64_t d, float e) override {
+    tick("rmsnorm"), inner_->rmsnorm(x, w, o, r, d, e);
+  }
+  void rope_neox(float* x, int h, int hd, int64_t s, int r, float t) override {
+    tick("rope_neox"), inner_->rope_neox(x, h, hd, s, r, t);
+  }
+  void silu_mul(const float* g, const float* u, float* o, int64_t n) override {
+    tick("silu_mul"), inner_->silu_mul(g, u, o, n);
+  }
+  void sigmoid_mul(const float* x, const float* g, int64_t gs, float* o, int64_t r,
+                   int64_t c) override {
+    tick("sigmoid_mul"), inner_->sigmoid_mul(x, g, gs, o, r, c);
+  }
+  void add(const float* a, const float* b, float* o, int64_t n) override {
+    tick("add"), inner_->add(a, b, o, n);
+  }
+  void copy_2d(const float* s, int64_t ss, float* d, int64_t ds, int64_t r, int64_t c) override {
+    tick("copy_2d"), inner_->copy_2d(s, ss, d, ds, r, c);
+  }
+  void gather_output_rows(const float* x, int64_t d, float* o) override {
+    tick("gather_output_rows"), inner_->gather_output_rows(x, d, o);
+  }
+  void attention(const ops::AttentionArgs& a) override { tick("attention"), inner_->attention(a); }
+  void deltanet(const ops::DeltaNetArgs& a) override { tick("deltanet"), inner_->deltanet(a); }
+  void moe(const ops::MoeWeights& w, const float* x, float* o, int64_t n, int ne, int k) override {
+    tick("moe"), inner_->moe(w, x, o, n, ne, k);
+  }
+  void sample(const float* l, int64_t v, const ops::SamplingRow* r, int t,
+              ops::SampledToken* o) override {
+    tick("sample"), inner_->sample(l, v, r, t, o);
+  }
+
+ private:
+  void tick(const char* what) { ++(*counts_)[what]; }
+  std::unique_ptr<ops::Ops> inner_;
+  std::map<std::string, int>* counts_;
+};
+
+struct SeamCase {
+  model::Arch arch;
+  const char* backend;
+};
+
+std::string case_name(const ::testing::TestParamInfo<SeamCase>& info) {
+  return std::string(info.param.arch == model::Arch::kQwen35 ? "dense_" : "moe_") +
+         info.param.backend;
+}
+
+class SeamTest : public ::testing::TestWithParam<SeamCase> {
+ protected:
+  std::string path() {
+    const bool dense = GetParam().arch == model::Arch::kQwen35;
+    return testing_support::write_tiny(GetParam().arch,
+                                       dense ? "seam_dense.gguf" : "seam_moe.gguf");
+  }
+  std::unique_ptr<Engine> load(int slots, std::map<std::string, int>* counts = nullptr) {
+    EngineOptions o;
+    o.backend = GetParam().backend;
+    o.n_slots = slots;
+    o.n_ctx = 256;
+    if (counts) {
+      const std::string backend = o.backend;
+      o.make_backend = [counts, backend] {
+        return std::make_unique<CountingOps>(
+            backend == "ref" ? ops::make_ref_ops() : ops::make_cpu_ops(2), counts);
+      };
+    }
+    return Engine::load(path(), o);
+  }
+};
+
+std::vector<int32_t> random_tokens(int n, int n_vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % n_vocab);
+  return ids;
+}
+
+// A batch with `prompt` tokens of each of `n_seq` sequences starting at each slot's length.
+Batch prefill_batch(Engine& e, int n_seq, int prompt, uint64_t seed) {
+  Batch b;
+  for (int s = 0; s < n_seq; ++s) {
+    const auto ids = random_tokens(prompt, e.config().n_vocab, seed + s);
+    const int64_t start = e.states().n_tokens(s);
+    for (int i = 0; i < prompt; ++i) b.add(s, ids[i], static_cast<int32_t>(start + i), true);
+  }
+  return b;
+}
+
+TEST_P(SeamTest, OpCallsPerStepDoNotGrowWithSequences) {
+  std::map<std::string, int> counts;
+  auto e = load(5, &counts);
+  // Prefill steps of 1 and of 5 sequences (17 tokens each), then decode steps of 1 and 5 rows.
+  std::map<std::string, int> per_step[4];
+  const int n_seqs[4] = {1, 5, 1, 5}, prompts[4] = {17, 17, 1, 1};
+  for (int k = 0; k < 4; ++k) {
+    for (int s = 0; s < 5; ++s) e->states().reset(s);
+    if (prompts[k] == 1) e->step(prefill_batch(*e, 5, 3, 40));  // decode after a short prompt
+    counts.clear();
+    e->step(prefill_batch(*e, n_seqs[k], prompts[k], 50 + k));
+    per_step[k] = counts;
+  }
+  EXPECT_EQ(per_step[0], per_step[1]);
+  EXPECT_EQ(per_step[2], per_step[3]);
+  // One attention / DeltaNet / MoE call per layer of its kind.
+  const auto& c = e->config();
+  EXPECT_EQ(per_step[1]["attention"], c.n_attention_layers());
+  EXPECT_EQ(per_step[1]["deltanet"], c.n_layer - c.n_attention_layers());
+  EXPECT_EQ(per_step[1]["moe"], c.is_moe() ? c.n_layer : 0);
+  EXPECT_EQ(per_step[1]["begin_step"], 1);
+}
+
+TEST_P(SeamTest, SnapshotOfOneSlotLeavesOthersBitIdentical) {
+  auto plain = load(3);
+  auto snapped = load(3);
+  for (Engine* e : {plain.get(), snapped.get()}) e->step(prefill_batch(*e, 3, 20, 60));
+  // snapped: snapshot slot 1, run it on, restore it; slots 0 and 2 must not notice.
+  auto snap = snapped->states().snapshot(1);
+  Batch only1;
+  only1.add(1, 5, 20, true);
+  snapped->step(only1);
+  snapped->states().restore(1, snap);
+  Batch rows;
+  for (int s = 0; s < 3; ++s) rows.add(s, 7 + s, 20, true);
+  const auto a = plain->step(rows);
+  const auto b = snapped->step(rows);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+TEST_P(SeamTest, SharedKvPagesAreCopiedOnWrite) {
+  auto e = load(2);
+  auto alone = load(1);
+  // 70 tokens span two pages of 64; slot 1 shares them and writes past them.
+  e->step(prefill_batch(*e, 1, 70, 70));
+  alone->step(prefill_batch(*alone, 1, 70, 70));
+  const int64_t pages = e->states().pages_in_use(state::Track::kTrunk);
+  auto snap = e->states().snapshot(0);
+  e->states().share_kv(0, 1, 70);
+  e->states().restore(1, snap);  // slot 1 = slot 0 (recurrent state from the snapshot)
+  EXPECT_EQ(e->states().pages_in_use(state::Track::kTrunk), pages);  // shared, not copied
+  Batch b1;
+  b1.add(1, 9, 70, true);
+  const auto from_shared = e->step(b1);
+  EXPECT_EQ(e->states().pages_in_use(state::Track::kTrunk), pages + 1);  // last page copied
+  // Slot 0 still reads its own keys: its next token gives what an unshared engine gives.
+  Batch b0;
+  b0.add(0, 9, 70, true);
+  const auto from_owner = e->step(b0);
+  const auto expected = alone->step(b0);
+  EXPECT_EQ(0, std::memcmp(from_owner.data(), expected.data(), expected.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(from_shared.data(), expected.data(), expected.size() * sizeof(float)));
+}
+
+TEST_P(SeamTest, BackendSamplingEqualsTheSampler) {
+  auto e = load(1);
+  const auto ids = random_tokens(12, e->config().n_vocab, 80);
+  Batch b;
+  for (int i = 0; i < 12; ++i) b.add(0, ids[i], i, i == 11);
+  auto logits = load(1)->step(b);
+  sample::SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 40;
+  p.top_p = 0.9f;
+  p.repetition_penalty = 1.3f;
+  p.logit_bias = {{ids[3], 2.0f}};
+  p.seed = 1234;
+  sample::Sampler on_backend(p), on_host(p);
+  const std::vector<int32_t> history(ids.begin(), ids.begin() + 6);
+  const ops::SamplingRow row = on_backend.next_row(history);
+  std::vector<ops::SampledToken> out;
+  e->step_sample(b, {&row, 1}, 5, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].id, on_host.sample(logits, history));
+  // Log-probabilities are the raw model's: log-softmax of the logits.
+  double mx = -INFINITY, z = 0;
+  for (float l : logits) mx = std::max<double>(mx, l);
+  for (float l : logits) z += std::exp(l - mx);
+  EXPECT_NEAR(out[0].logprob, logits[out[0].id] - mx - std::log(z), 1e-4);
+  ASSERT_EQ(out[0].n_top, 5);
+  for (int i = 1; i < 5; ++i) EXPECT_GE(out[0].top_logprobs[i - 1], out[0].top_logprobs[i]);
+  const int32_t best =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  EXPECT_EQ(out[0].top_ids[0], best);
+}
+
+TEST_P(SeamTest, NoAllocationInADecodeStepAfterWarmUp) {
+  if (std::string(GetParam().backend) == "ref") GTEST_SKIP() << "the oracle allocates freely";
+  auto e = load(2);
+  e->step(prefill_batch(*e, 2, 9, 90));
+  sample::SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 20;
+  p.top_p = 0.8f;
+  p.seed = 5;
+  sample::Sampler sampler(p);
+  std::vector<int32_t> history = {1, 2, 3};
+  history.reserve(64);
+  Batch b;
+  b.tokens.reserve(2);
+  b.positions.reserve(2);
+  b.slots.reserve(2);
+  b.want_logits.reserve(2);
+  std::vector<ops::SampledToken> out;
+  out.reserve(2);
+  ops::SamplingRow rows[2];
+  int64_t allocs_after_warmup = -1;
+  for (int step = 0; step < 6; ++step) {
+    b.clear();
+    for (int s = 0; s < 2; ++s) b.add(s, 3 + step, 9 + step, true);
+    rows[0] = sampler.next_row(history);
+    rows[1] = sampler.next_row(history);
+    if (step == 3) {
+      g_allocs = 0;
+      g_count_allocs = true;
+    }
+    e->step_sample(b, rows, 0, out);
+    if (step == 3) {
+      g_count_allocs = false;
+      allocs_after_warmup = g_allocs.load();
+    }
+    ASSERT_EQ(out.size(), 2u);
+  }
+  EXPECT_EQ(allocs_after_warmup, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SeamTest,
+                         ::testing::Values(SeamCase{model::Arch::kQwen35, "ref"},
+                                           SeamCase{model::Arch::kQwen35Moe, "ref"},
+                                           SeamCase{model::Arch::kQwen35, "cpu"},
+                                           SeamCase{model::Arch::kQwen35Moe, "cpu"}),
+                         case_name);
+
+}  // namespace
+}  // namespace qwenrt
