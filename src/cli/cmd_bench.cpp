@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli/backend_options.h"
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "core/error.h"
@@ -29,6 +30,7 @@ struct BenchOptions {
   int repeats = 5;
   uint64_t seed = 1;
   bool json = false;
+  BackendOptions backend;
 };
 
 constexpr int kWarmupSteps = 4;
@@ -63,6 +65,7 @@ class Bench {
     const int64_t max_p = *std::max_element(opt_.prefill.begin(), opt_.prefill.end());
     {
       engine::EngineOptions eo;
+      apply(opt_.backend, eo);
       eo.n_ctx = std::max(max_p, opt_.decode + kWarmupSteps);
       auto e = engine::Engine::load(path_, eo);
       rng_.seed(opt_.seed);
@@ -73,6 +76,7 @@ class Bench {
     for (int64_t b : opt_.batches) {
       if (b == 0) continue;
       engine::EngineOptions eo;
+      apply(opt_.backend, eo);
       eo.n_slots = static_cast<int>(b);
       eo.n_ctx = opt_.decode + kWarmupSteps;
       auto e = engine::Engine::load(path_, eo);
@@ -142,7 +146,8 @@ int run_bench(const BenchOptions& opt) {
 
   if (opt.json) {
     nlohmann::json j = {{"model", path},
-                        {"backend", "ref"},
+                        {"backend", opt.backend.backend},
+                        {"threads", opt.backend.threads},
                         {"repeats", opt.repeats},
                         {"peak_rss_mib", rss},
                         {"results", nlohmann::json::array()}};
@@ -158,7 +163,8 @@ int run_bench(const BenchOptions& opt) {
     fmt::print("{}\n", j.dump(1));
     return 0;
   }
-  fmt::print("model: {}  backend: ref  repeats: {} (median; min..max)\n", path, opt.repeats);
+  fmt::print("model: {}  backend: {}  threads: {}  repeats: {} (median; min..max)\n", path,
+             opt.backend.backend, opt.backend.threads, opt.repeats);
   fmt::print("{:<14} {:>12} {:>22} {:>12}\n", "test", "tok/s", "min..max", "median ms");
   for (const Figure& f : figures) {
     fmt::print("{:<14} {:>12.1f} {:>22} {:>12.1f}\n", f.test, f.rate(f.median()),
@@ -176,6 +182,7 @@ Run add_bench(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "bench", "Measure prefill, decode and aggregate decode speed (medians of repeats)");
   sub->add_option("-m,--model", opt->model, "GGUF model (default: the embedded tiny model)");
+  add_backend_options(sub, opt->backend);
   sub->add_option("-p,--prefill", opt->prefill, "Prefill lengths (comma-separated)")
       ->delimiter(',');
   sub->add_option("-n,--decode", opt->decode, "Decode steps per repeat");

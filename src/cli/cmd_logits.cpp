@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "cli/backend_options.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -21,6 +22,7 @@ struct LogitsOptions {
   bool decode = false;
   std::string deltanet = "auto";
   std::string mtp_out;
+  BackendOptions backend;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -46,6 +48,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 int run_logits(const LogitsOptions& opt) {
   engine::EngineOptions eo;
+  apply(opt.backend, eo);
   if (opt.deltanet == "recurrent") {
     eo.deltanet_mode = arch::DeltaNetMode::kRecurrent;
   } else if (opt.deltanet == "chunked") {
@@ -112,6 +115,7 @@ Run add_logits(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "logits", "Write float32 logits [n_tokens, n_vocab] of every position to a .npy file");
   sub->add_option("-m,--model", opt->model, "GGUF model")->required();
+  add_backend_options(sub, opt->backend);
   auto* ids = sub->add_option("--ids", opt->ids, "Comma-separated token ids");
   auto* prompt =
       sub->add_option("--prompt", opt->prompt, "Text, tokenized with the model's tokenizer");

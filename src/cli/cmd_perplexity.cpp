@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cli/backend_options.h"
 #include "cli/commands.h"
 #include "cli/session.h"
 #include "core/error.h"
@@ -28,6 +29,7 @@ struct PerplexityOptions {
   int64_t batch = 0;
   std::string kl_base;
   std::string save_logits;
+  BackendOptions backend;
 };
 
 // Mean and standard error of the mean of a stream of values.
@@ -92,6 +94,7 @@ int run_perplexity(const PerplexityOptions& opt) {
     fail("--score: expected half or all, got '{}'", opt.score);
   }
   engine::EngineOptions eo;
+  apply(opt.backend, eo);
   eo.n_ctx = opt.ctx;
   auto engine = engine::Engine::load(resolve_model(opt.model), eo);
   const auto tok = tokenizer::Tokenizer::from_gguf(engine->file());
@@ -198,6 +201,7 @@ Run add_perplexity(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "perplexity", "Perplexity of a text file; KL divergence against a saved base run");
   sub->add_option("-m,--model", opt->model, "GGUF model (default: the embedded model)");
+  add_backend_options(sub, opt->backend);
   sub->add_option("-f,--file", opt->file, "Text file (special tokens are not parsed)")->required();
   sub->add_option("--ctx", opt->ctx,
                   "Tokens per chunk; each chunk starts from a fresh state (512)");

@@ -32,6 +32,7 @@ void add_turn_options(CLI::App* sub, TurnOptions& opt) {
   sub->add_option("--repeat-penalty", opt.sampling.repetition_penalty, "Repetition penalty");
   sub->add_option("--seed", opt.sampling.seed, "Random seed");
   sub->add_option("-c,--ctx-size", opt.n_ctx, "Context size in tokens (default: model's, capped)");
+  add_backend_options(sub, opt.backend);
 }
 
 void require_utf8(std::string_view text, std::string_view what) {
@@ -79,6 +80,7 @@ std::function<void(uint64_t, uint64_t)> load_progress_bar() {
 Session::Session(const TurnOptions& options) : options_(options) {
   engine::EngineOptions eo;
   eo.n_ctx = options.n_ctx;
+  apply(options.backend, eo);
   eo.on_load_progress = load_progress_bar();
   engine_ = engine::Engine::load(resolve_model(options.model), eo);
   tokenizer_ =

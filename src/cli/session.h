@@ -10,6 +10,7 @@
 
 #include "chat/parse.h"
 #include "chat/render.h"
+#include "cli/backend_options.h"
 #include "engine/engine.h"
 #include "gen/generator.h"
 #include "sample/sampler.h"
@@ -28,6 +29,7 @@ struct TurnOptions {
   std::vector<std::string> stop;
   sample::SamplingRequest sampling;
   int64_t n_ctx = 0;
+  BackendOptions backend;
 };
 
 void add_turn_options(CLI::App* sub, TurnOptions& opt);

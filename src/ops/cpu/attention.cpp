@@ -69,8 +69,13 @@ void attention(const Span* spans, int n_spans, const float* q, int64_t q_stride,
       }
     }
   }
-  std::stable_sort(tasks.begin(), tasks.end(),
-                   [](const AttnTask& x, const AttnTask& y) { return x.cost > y.cost; });
+  // std::sort, not stable_sort (which allocates a buffer): ties broken by position instead.
+  std::sort(tasks.begin(), tasks.end(), [](const AttnTask& x, const AttnTask& y) {
+    if (x.cost != y.cost) return x.cost > y.cost;
+    if (x.span != y.span) return x.span < y.span;
+    if (x.q_begin != y.q_begin) return x.q_begin < y.q_begin;
+    return x.kv_head < y.kv_head;
+  });
   const AttnArgs args{q,         q_stride, k_pages, v_pages,   page_tables, page_table_stride,
                       page_size, out,      n_head,  n_head_kv, head_dim,    scale};
   auto fn = QWENRT_CPU_PICK(attend_task);

@@ -1,7 +1,9 @@
-// The CPU backend: the Ops interface on the SIMD kernels of this folder, run on a fixed thread
-// pool, with a workspace arena that stops allocating after the first step of a shape.
-// Blocks without a fast kernel yet run the reference kernels (ops/ref/kernels.h) span by span.
+// The CPU backend: the Ops interface on the SIMD kernels of this folder (each tested against
+// ops/ref), run on a fixed thread pool, with a workspace arena that stops allocating after the
+// first step of a shape. Weights stay in the mapped file, as the kernels read GGUF blocks as they
+// are. Shapes no kernel covers fall back to the reference kernels (named at each fallback).
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -9,11 +11,24 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "ops/cpu/attention.h"
+#include "ops/cpu/deltanet.h"
+#include "ops/cpu/elementwise.h"
+#include "ops/cpu/matmul.h"
+#include "ops/cpu/moe.h"
+#include "ops/cpu/sampling.h"
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 
 namespace qwenrt::ops {
 namespace {
+
+static_assert(sizeof(cpu::Span) == sizeof(Span) &&
+                  offsetof(cpu::Span, slot) == offsetof(Span, slot) &&
+                  offsetof(cpu::Span, begin) == offsetof(Span, begin) &&
+                  offsetof(cpu::Span, count) == offsetof(Span, count) &&
+                  offsetof(cpu::Span, n_past) == offsetof(Span, n_past),
+              "the kernels read the step's spans in place");
 
 // Physical cores: hardware threads divided by the SMT width where Linux reports it.
 int physical_cores() {
@@ -102,31 +117,44 @@ class CpuOps final : public Ops {
     std::memcpy(host, src, n * 4);
   }
 
-  void begin_step(const StepLayout& layout) override { step_ = layout; }
+  void begin_step(const StepLayout& layout) override {
+    step_ = layout;
+    rope_n_rot_ = -1;  // new positions: the RoPE table is rebuilt on first use
+    spans_ = reinterpret_cast<const cpu::Span*>(layout.spans);
+  }
 
   void embed(const Weight& table, float* out) override {
-    ref::embed_rows(table, step_.tokens, out, step_.n);
+    ref::embed_rows(table, step_.tokens, out, step_.n);  // one row dequantised per token
   }
   void matmul(const Weight& w, const float* x, float* y, int64_t n) override {
-    ref::matmul(w, x, y, n);
+    cpu::Context ctx{pool_, scratch_};
+    cpu::matmul(w.view, x, y, n, ctx);
   }
   void rmsnorm(const float* x, const Weight& weight, float* out, int64_t rows, int64_t dim,
                float eps) override {
-    ref::rmsnorm(x, ref::f32_data(weight), out, rows, dim, eps);
+    cpu::rmsnorm(x, ref::f32_data(weight), out, rows, dim, eps, pool_);
   }
   void rope_neox(float* x, int n_heads, int head_dim, int64_t token_stride, int n_rot,
                  float theta) override {
-    ref::rope_neox(x, step_.positions, step_.n, n_heads, head_dim, token_stride, n_rot, theta);
+    // One cos/sin table per step, shared by the q and k of every attention layer.
+    if (rope_n_rot_ != n_rot || rope_theta_ != theta) {
+      float* table = rope_table_.get<float>(static_cast<size_t>(step_.n * n_rot));
+      cpu::rope_neox_table(step_.positions, step_.n, n_rot, theta, table, pool_);
+      rope_n_rot_ = n_rot;
+      rope_theta_ = theta;
+    }
+    cpu::rope_neox_apply(x, rope_table_.get<float>(static_cast<size_t>(step_.n * n_rot)), step_.n,
+                         n_heads, head_dim, token_stride, n_rot, pool_);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
-    ref::silu_mul(gate, up, out, n);
+    cpu::silu_mul(gate, up, out, n, pool_);
   }
   void sigmoid_mul(const float* x, const float* gate, int64_t gate_stride, float* out, int64_t rows,
                    int64_t cols) override {
-    ref::sigmoid_mul(x, gate, gate_stride, out, rows, cols);
+    cpu::sigmoid_mul(x, gate, gate_stride, out, rows, cols, pool_);
   }
   void add(const float* a, const float* b, float* out, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+    cpu::add(a, b, out, n, pool_);
   }
   void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
                int64_t cols) override {
@@ -138,22 +166,71 @@ class CpuOps final : public Ops {
       std::memcpy(out + i * dim, x + step_.output_rows[i] * dim, dim * 4);
   }
 
-  void attention(const AttentionArgs& a) override { ref::attention_spans(step_, a); }
-  void deltanet(const DeltaNetArgs& a) override { ref::deltanet_spans(step_, a); }
+  void attention(const AttentionArgs& a) override {
+    if (a.head_dim % 16 != 0) return ref::attention_spans(step_, a);  // no SIMD kernel for it
+    // The step's new keys and values into their pages, then one kernel over every span.
+    const KvLayer& kv = a.kv;
+    for (int s = 0; s < step_.n_spans; ++s) {
+      const Span& span = step_.spans[s];
+      const int32_t* table = step_.page_tables + span.slot * step_.page_table_stride;
+      for (int64_t i = 0; i < span.count; ++i) {
+        const int64_t t = span.n_past + i;
+        const int64_t off =
+            (int64_t{table[t / kv.page_size]} * kv.page_size + t % kv.page_size) * kv.kv_dim;
+        std::memcpy(kv.k + off, a.k + (span.begin + i) * kv.kv_dim, kv.kv_dim * 4);
+        std::memcpy(kv.v + off, a.v + (span.begin + i) * kv.kv_dim, kv.kv_dim * 4);
+      }
+    }
+    cpu::attention(spans_, step_.n_spans, a.q, a.q_stride, kv.k, kv.v, step_.page_tables,
+                   step_.page_table_stride, kv.page_size, a.out, a.n_head, a.n_head_kv, a.head_dim,
+                   a.scale, pool_);
+  }
+
+  void deltanet(const DeltaNetArgs& a) override {
+    // The kernels' modes: chunked from 16 tokens (recurrent below), which equals either form;
+    // a forced form (tests, `logits --deltanet`) runs the reference.
+    if (a.head_dim % 16 != 0 || a.conv.view.ne[0] > 8 ||
+        step_.deltanet_mode != DeltaNetMode::kAuto) {
+      return ref::deltanet_spans(step_, a);
+    }
+    const cpu::DeltaNetLayerArgs layer{.conv_kernel = ref::f32_data(a.conv),
+                                       .conv_k = static_cast<int>(a.conv.view.ne[0]),
+                                       .dt_bias = ref::f32_data(a.dt_bias),
+                                       .a = ref::f32_data(a.a),
+                                       .norm = ref::f32_data(a.norm),
+                                       .eps = a.eps,
+                                       .n_k_heads = a.n_k_heads,
+                                       .n_v_heads = a.n_v_heads,
+                                       .head_dim = a.head_dim,
+                                       .conv_state = a.state.conv,
+                                       .delta_state = a.state.delta};
+    float* workspace = alloc(cpu::deltanet_prefill_workspace_floats(layer, step_.n));
+    cpu::deltanet_prefill(layer, spans_, step_.n_spans, a.qkv, a.z, a.alpha, a.beta, a.out,
+                          workspace, pool_);
+  }
+
   void moe(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert,
            int k) override {
-    ref::moe_ffn(w, x, out, n, n_expert, k);
+    cpu::Context ctx{pool_, scratch_};
+    cpu::moe_ffn(w, x, out, n, n_expert, k, ctx);
   }
 
   void sample(const float* logits, int64_t n_vocab, const SamplingRow* rows, int n_top,
               SampledToken* out) override {
-    ref::sample_rows(step_, logits, n_vocab, rows, n_top, out);
+    for (int64_t i = 0; i < step_.n_output_rows; ++i)
+      sampler_.sample(logits + i * n_vocab, n_vocab, rows[i], n_top, out[i]);
   }
 
  private:
   ThreadPool pool_;
   Arena arena_;
+  cpu::Scratch scratch_;
+  cpu::Sampler sampler_;
+  cpu::ScratchBuffer rope_table_;
+  int rope_n_rot_ = -1;
+  float rope_theta_ = 0;
   StepLayout step_;
+  const cpu::Span* spans_ = nullptr;  // step_.spans seen as the kernels' (same layout)
 };
 
 }  // namespace
