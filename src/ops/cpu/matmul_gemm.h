@@ -1,5 +1,5 @@
-// Batched (prefill) matmul for K-quant weights on AVX-512 VNNI: 16-row panels unpacked to int8
-// once per call and reused for every token row (matmul_gemm_avx512.cpp).
+// Batched (prefill) matmul for Q4_K/Q5_K/Q6_K/Q8_0/Q4_0 on AVX-512 VNNI: 16-row panels unpacked
+// to int8 once per call and reused for every token row (matmul_gemm_avx512.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Batched matmul for K-quant weights on AVX-512 VNNI (prefill, and MoE experts with several
+// Batched matmul for K-quant, Q8_0 and Q4_0 weights on AVX-512 VNNI (prefill, and MoE experts with several
 // tokens): a panel of 16 weight rows is unpacked once per call into int8-ready form and reused
 // for every token, 8 tokens at a time.
 //
@@ -226,36 +226,161 @@ void run_tile(int T, const PanelBlock* panel, int64_t nb, const uint8_t* act, in
   }
 }
 
+// Q8_0 / Q4_0: 32-value blocks with one fp16 scale, against BlockQ8_32 activations. The codes
+// become unsigned bytes u = q + o (Q8_0: q + 128, a flip of the sign bit; Q4_0: the raw nibble,
+// o = 8), so y = d_w * d_a * (u . a - o * sum(a)), the sum coming with the activation block.
+struct Panel32 {
+  uint32_t q[8][kPanelRows];
+  float d[kPanelRows];
+};
+static_assert(sizeof(Panel32) % 64 == 0);
+
+void unpack_q8_0(const uint8_t* base, __m512i off, Panel32& p) {
+  _mm512_store_ps(p.d, halves_to_f32(gather(base, off, 0), false));
+  const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
+  for (int g = 0; g < 8; ++g)
+    _mm512_store_si512(p.q[g], _mm512_xor_si512(gather(base, off, 2 + 4 * g), flip));
+}
+
+void unpack_q4_0(const uint8_t* base, __m512i off, Panel32& p) {
+  _mm512_store_ps(p.d, halves_to_f32(gather(base, off, 0), false));
+  const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
+  for (int g = 0; g < 4; ++g) {
+    const __m512i v = gather(base, off, 2 + 4 * g);  // values 4g.. (low), 16 + 4g.. (high)
+    _mm512_store_si512(p.q[g], _mm512_and_si512(v, m4));
+    _mm512_store_si512(p.q[4 + g], _mm512_and_si512(_mm512_srli_epi32(v, 4), m4));
+  }
+}
+
+template <int T>
+void tile_kernel32(const Panel32* panel, int64_t nb, const uint8_t* act, int64_t act_stride,
+                   float* y, int64_t ldy, __mmask16 mask, int code_offset) {
+  const BlockQ8_32* a[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const BlockQ8_32*>(act + t * act_stride);
+  __m512 fsum[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) fsum[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const Panel32& P = panel[b];
+    __m512i acc[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+    for (int g = 0; g < 8; ++g) {
+      const __m512i wv = _mm512_load_si512(P.q[g]);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        int32_t av;
+        std::memcpy(&av, a[t][b].qs + 4 * g, 4);
+        acc[t] = _mm512_dpbusd_epi32(acc[t], wv, _mm512_set1_epi32(av));
+      }
+    }
+    const __m512 dv = _mm512_load_ps(P.d);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512i v = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(code_offset * a[t][b].sum));
+      fsum[t] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(a[t][b].d)), _mm512_cvtepi32_ps(v),
+                                fsum[t]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, fsum[t]);
+}
+
+void run_tile32(int T, const Panel32* panel, int64_t nb, const uint8_t* act, int64_t stride,
+                float* y, int64_t ldy, __mmask16 mask, int o) {
+  switch (T) {
+    case 8:
+      return tile_kernel32<8>(panel, nb, act, stride, y, ldy, mask, o);
+    case 7:
+      return tile_kernel32<7>(panel, nb, act, stride, y, ldy, mask, o);
+    case 6:
+      return tile_kernel32<6>(panel, nb, act, stride, y, ldy, mask, o);
+    case 5:
+      return tile_kernel32<5>(panel, nb, act, stride, y, ldy, mask, o);
+    case 4:
+      return tile_kernel32<4>(panel, nb, act, stride, y, ldy, mask, o);
+    case 3:
+      return tile_kernel32<3>(panel, nb, act, stride, y, ldy, mask, o);
+    case 2:
+      return tile_kernel32<2>(panel, nb, act, stride, y, ldy, mask, o);
+    default:
+      return tile_kernel32<1>(panel, nb, act, stride, y, ldy, mask, o);
+  }
+}
+
+// Lane r of the gathers reads row min(r, rows - 1) (rows past the end repeat the last one;
+// their results are masked off).
+__m512i row_offsets(const TensorView& w, int rows, int32_t* offs) {
+  for (int rr = 0; rr < kPanelRows; ++rr)
+    offs[rr] = static_cast<int32_t>(std::min(rr, rows - 1) * w.nb[1]);
+  return _mm512_loadu_si512(offs);
+}
+
+// Prefetch block b + 1 of each of the panel's rows while block b is gathered.
+void prefetch_next(const uint8_t* blk, const int32_t* offs, int64_t block_bytes) {
+  for (int rr = 0; rr < kPanelRows; ++rr)
+    for (int64_t line = 0; line < block_bytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(blk + offs[rr] + block_bytes + line), _MM_HINT_T0);
+}
+
+void gemm_rows32(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct& act, float* y,
+                 int64_t ldy, ScratchBuffer& tmp) {
+  const int64_t nb = w.ne[0] / 32;
+  const int64_t block_bytes = traits(w.dtype).block_bytes;
+  const bool q8 = w.dtype == DType::Q8_0;
+  auto* panel = tmp.get<Panel32>(static_cast<size_t>(nb));
+  for (int64_t pr = r0; pr < r1; pr += kPanelRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - pr));
+    alignas(64) int32_t offs[kPanelRows];
+    const __m512i off = row_offsets(w, rows, offs);
+    const uint8_t* base = w.row(pr);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = base + b * block_bytes;
+      if (b + 1 < nb && b % 2 == 0) prefetch_next(blk, offs, 2 * block_bytes);
+      if (q8) {
+        unpack_q8_0(blk, off, panel[b]);
+      } else {
+        unpack_q4_0(blk, off, panel[b]);
+      }
+    }
+    const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+    for (int64_t t0 = 0; t0 < act.n; t0 += kTileTokens) {
+      const int T = static_cast<int>(std::min<int64_t>(kTileTokens, act.n - t0));
+      run_tile32(T, panel, nb, act.data + t0 * act.stride, act.stride, y + t0 * ldy + (pr - r0),
+                 ldy, mask, q8 ? 128 : 8);
+    }
+  }
+}
+
 }  // namespace
 
 bool gemm_eligible(DType type, int64_t n_tokens, Isa isa) {
   if (isa < Isa::kAvx512 || n_tokens < kGemmMinTokens) return false;
-  return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K;
+  return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 ||
+         type == DType::Q4_0;
 }
 
 void gemm_rows(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct& act, float* y,
                int64_t ldy, ScratchBuffer& tmp) {
+  if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0) {
+    gemm_rows32(w, r0, r1, act, y, ldy, tmp);
+    return;
+  }
   const int64_t nb = w.ne[0] / 256;
   const int64_t block_bytes = traits(w.dtype).block_bytes;
   auto* panel = tmp.get<PanelBlock>(static_cast<size_t>(nb));
   const bool per16 = w.dtype == DType::Q6_K;
   for (int64_t pr = r0; pr < r1; pr += kPanelRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - pr));
-    // Rows past the end repeat the last one (their results are masked off).
     alignas(64) int32_t offs[kPanelRows];
-    for (int rr = 0; rr < kPanelRows; ++rr)
-      offs[rr] = static_cast<int32_t>(std::min(rr, rows - 1) * w.nb[1]);
-    const __m512i off = _mm512_load_si512(offs);
+    const __m512i off = row_offsets(w, rows, offs);
     const uint8_t* base = w.row(pr);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = base + b * block_bytes;
       // The gathers touch 16 rows' blocks at once: prefetch the next block of each row.
-      if (b + 1 < nb) {
-        for (int rr = 0; rr < kPanelRows; ++rr)
-          for (int64_t line = 0; line < block_bytes; line += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(blk + offs[rr] + block_bytes + line),
-                         _MM_HINT_T0);
-      }
+      if (b + 1 < nb) prefetch_next(blk, offs, block_bytes);
       switch (w.dtype) {
         case DType::Q4_K:
           unpack_q45_k<false>(blk, off, panel[b]);
