@@ -25,9 +25,10 @@ nlohmann::json manifest() {
 }
 
 std::vector<float> run_prefix(const std::string& gguf, const std::vector<int32_t>& ids, size_t n,
-                              arch::DeltaNetMode mode) {
+                              arch::DeltaNetMode mode, const std::string& backend = "ref") {
   engine::EngineOptions o;
   o.deltanet_mode = mode;
+  o.backend = backend;
   auto e = engine::Engine::load(kDir + gguf, o);
   engine::Batch b;
   for (size_t i = 0; i < n; ++i) b.add(0, ids[i], static_cast<int32_t>(i), true);
@@ -90,6 +91,40 @@ TEST(Parity, MatchesTransformersFp32) {
     }
   }
   EXPECT_GE(checked, 18) << "fewer transformers comparisons than the fixtures promise";
+}
+
+// The cpu backend quantises activations to 8 bits as llama.cpp does, so it cannot meet the fp32
+// bound above; what it must meet: on every committed file and prompt length, it is no further
+// from transformers than llama.cpp is (+10%; +25% on the MoE files, where an activation rounding
+// that flips a near-tie router choice moves a whole row: measured 0.116 vs llama.cpp's 0.098 on
+// qwen35moe.Q8_0), and agrees with transformers' top-1 at least as often as llama.cpp does (-1
+// position). The trained models' test (test_parity_trained.cpp) is the sharper check.
+TEST(Parity, CpuBackendIsAsCloseToTransformersAsLlamaCpp) {
+  const auto m = manifest();
+  const std::vector<int32_t> ids = m["prompt"]["ids"].get<std::vector<int32_t>>();
+  int checked = 0;
+  for (const auto& [name, model] : m["models"].items()) {
+    for (const auto& [type, g] : model["gguf"].items()) {
+      if (!g.value("committed", false) || !g.contains("llama_cpp_reference")) continue;
+      const std::string file = g["file"];
+      const NpyArray hf = read_npy_f32(kDir + g["reference"].get<std::string>());
+      const NpyArray llama = read_npy_f32(kDir + g["llama_cpp_reference"].get<std::string>());
+      const size_t rows = llama.shape[0], vocab = llama.shape[1];
+      const auto ours = run_prefix(file, ids, rows, arch::DeltaNetMode::kAuto, "cpu");
+      const RowStats s = compare_rows(ours, hf, rows, vocab);
+      const RowStats t = compare_rows(llama.data, hf, rows, vocab);
+      std::printf(
+          "[parity] %s cpu backend vs transformers: rel L2 %.3g top-1 %d/%d; llama.cpp "
+          "rel L2 %.3g top-1 %d/%d\n",
+          file.c_str(), s.total_rel_l2, s.argmax_agree, s.rows, t.total_rel_l2, t.argmax_agree,
+          t.rows);
+      const double slack = file.find("qwen35moe") != std::string::npos ? 1.25 : 1.1;
+      EXPECT_LE(s.total_rel_l2, t.total_rel_l2 * slack + 1e-3) << file;
+      EXPECT_GE(s.argmax_agree, t.argmax_agree - 1) << file;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 3);
 }
 
 // Per-file ceiling on the relative L2 to llama.cpp, measured with margin (docs/parity.md).

@@ -28,7 +28,10 @@ int argmax(const float* row, size_t n) {
 // 2% relative L2 apart on these files) may order them either way.
 constexpr float kNearTie = 0.2f;
 
-TEST(ParityTrained, TopOneAgreesWithLlamaCppOnAtLeast99PercentOfDecisivePositions) {
+// Both backends: the oracle, and the cpu backend's int8-activation kernels.
+class ParityTrained : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ParityTrained, TopOneAgreesWithLlamaCppOnAtLeast99PercentOfDecisivePositions) {
   std::ifstream in(kRoot + "tests/fixtures/trained/manifest.json");
   ASSERT_TRUE(in) << "missing tests/fixtures/trained/manifest.json";
   const auto m = nlohmann::json::parse(in);
@@ -38,7 +41,9 @@ TEST(ParityTrained, TopOneAgreesWithLlamaCppOnAtLeast99PercentOfDecisivePosition
     const auto ids = entry["ids"].get<std::vector<int32_t>>();
     const NpyArray ref =
         read_npy_f32(kRoot + "tests/fixtures/trained/" + entry["reference"].get<std::string>());
-    auto e = engine::Engine::load(kRoot + gguf);
+    engine::EngineOptions o;
+    o.backend = GetParam();
+    auto e = engine::Engine::load(kRoot + gguf, o);
     engine::Batch b;
     for (size_t i = 0; i < ids.size(); ++i) b.add(0, ids[i], static_cast<int32_t>(i), true);
     const auto ours = e->step(b);
@@ -66,8 +71,9 @@ TEST(ParityTrained, TopOneAgreesWithLlamaCppOnAtLeast99PercentOfDecisivePosition
     }
     const double rel = testing_support::rel_l2(ours, ref.data);
     std::printf(
-        "[parity] %s vs llama.cpp: rel L2 %.3g, top-1 %d/%d decisive positions (%d near-ties)\n",
-        gguf.c_str(), rel, agree, decisive, ties);
+        "[parity] %s (%s backend) vs llama.cpp: rel L2 %.3g, top-1 %d/%d decisive positions (%d "
+        "near-ties)\n",
+        gguf.c_str(), GetParam(), rel, agree, decisive, ties);
     EXPECT_LE(ties, 0.1 * ids.size()) << gguf << ": too many near-ties for a meaningful check";
     EXPECT_GE(agree, 0.99 * decisive) << gguf;
     EXPECT_LT(rel, 0.03) << gguf;
@@ -76,7 +82,9 @@ TEST(ParityTrained, TopOneAgreesWithLlamaCppOnAtLeast99PercentOfDecisivePosition
   EXPECT_EQ(checked, 3);
 }
 
-TEST(ParityTrained, MtpDraftsMatchTheTrunkOnMostPositions) {
+INSTANTIATE_TEST_SUITE_P(Backends, ParityTrained, ::testing::Values("ref", "cpu"));
+
+TEST(ParityTrainedMtp, MtpDraftsMatchTheTrunkOnMostPositions) {
   std::ifstream in(kRoot + "tests/fixtures/trained/manifest.json");
   const auto m = nlohmann::json::parse(in);
   for (const auto& entry : m["models"]) {
