@@ -1,6 +1,6 @@
-// Batched matmul for K-quant, Q8_0 and Q4_0 weights on AVX-512 VNNI (prefill, and MoE experts with several
-// tokens): a panel of 16 weight rows is unpacked once per call into int8-ready form and reused
-// for every token, 8 tokens at a time.
+// Batched matmul on AVX-512 VNNI for Q4_K, Q5_K, Q6_K (against BlockQ8K) and Q8_0, Q4_0
+// (against BlockQ8_32): prefill, and MoE experts with several tokens. A panel of 16 weight rows
+// is unpacked once per call into int8-ready form and reused for every token, 8 tokens at a time.
 //
 // Panel layout (PanelBlock, one per 256-value super-block): the codes as unsigned bytes,
 // q[g][r] = values 4g..4g+3 of row r (so one zmm holds 4 consecutive values of 16 rows and one
