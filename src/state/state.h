@@ -103,7 +103,6 @@ class StateStore {
   void release_pages(int slot, Track track);
   int64_t recurrent_bytes() const;
 
-  const model::Config& config_;
   ops::Ops& backend_;
   int n_slots_;
   int64_t n_ctx_;
