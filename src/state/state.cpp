@@ -42,7 +42,7 @@ void Snapshot::release() {
 
 StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, ops::Ops& backend,
                        int page_size)
-    : config_(config), backend_(backend), n_slots_(n_slots), n_ctx_(n_ctx), page_size_(page_size) {
+    : backend_(backend), n_slots_(n_slots), n_ctx_(n_ctx), page_size_(page_size) {
   if (n_slots < 1) fail("state: need at least one sequence slot, got {}", n_slots);
   if (n_ctx < 1) fail("state: context size must be positive, got {}", n_ctx);
   if (page_size < 1) fail("state: page size must be positive, got {}", page_size);
