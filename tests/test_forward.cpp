@@ -15,14 +15,8 @@ namespace {
 using engine::Batch;
 using engine::Engine;
 using engine::EngineOptions;
+using testing_support::random_tokens;
 using testing_support::rel_l2;
-
-std::vector<int32_t> random_tokens(int n, int n_vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (auto& t : ids) t = static_cast<int32_t>(rng() % n_vocab);
-  return ids;
-}
 
 // Logits of every position of `ids` fed to `slot` in chunks of `chunk` tokens.
 std::vector<float> run_chunks(Engine& e, const std::vector<int32_t>& ids, int chunk, int slot = 0) {

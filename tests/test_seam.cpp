@@ -45,6 +45,7 @@ namespace {
 using engine::Batch;
 using engine::Engine;
 using engine::EngineOptions;
+using testing_support::random_tokens;
 using testing_support::rel_l2;
 
 // Forwards to a backend and counts the calls of each entry.
@@ -141,13 +142,6 @@ class SeamTest : public ::testing::TestWithParam<SeamCase> {
     return Engine::load(path(), o);
   }
 };
-
-std::vector<int32_t> random_tokens(int n, int n_vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (auto& t : ids) t = static_cast<int32_t>(rng() % n_vocab);
-  return ids;
-}
 
 // A batch with `prompt` tokens of each of `n_seq` sequences starting at each slot's length.
 Batch prefill_batch(Engine& e, int n_seq, int prompt, uint64_t seed) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,14 @@ inline void rewrite(
     w.add_tensor(name, it->second.dtype, it->second.ne, it->second.bytes);
   }
   w.write(dst);
+}
+
+// n token ids drawn uniformly from [0, n_vocab), seeded.
+inline std::vector<int32_t> random_tokens(int n, int n_vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % n_vocab);
+  return ids;
 }
 
 inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
