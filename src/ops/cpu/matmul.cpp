@@ -1,6 +1,7 @@
 #include "ops/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -51,6 +52,9 @@ void prepare_act_rows(DType type, const float* x, int64_t x_stride, int64_t in, 
 }
 
 namespace {
+
+// Chunks per thread of a GEMV's rows (handed out dynamically; see matmul()).
+constexpr int64_t kGemvChunksPerThread = 32;
 
 // One weight row as fp32 (F32 rows are used in place).
 const float* row_f32(const TensorView& w, int64_t r, float* buf) {
@@ -108,8 +112,24 @@ void matmul(const TensorView& w, const float* x, float* y, int64_t n, Context& c
     prepare_act_rows(w.dtype, x + t0 * in, in, in, t1 - t0, act + t0 * rb);
   });
   const PreparedAct pa{act, rb, n};
-  // Rows split evenly (every row has the same bytes); tiny matrices stay on one thread.
   const int64_t units = (out + kRowAlign - 1) / kRowAlign;
+  if (n_threads > 1 && !gemm_eligible(w.dtype, n, active_isa()) &&
+      units >= kGemvChunksPerThread * n_threads) {
+    // GEMV: memory-bound, and one core's share of the bandwidth moves from moment to moment, so
+    // equal halves finish apart (the other core spins). Rows go out in chunks from a shared
+    // counter instead; the last chunk bounds the imbalance.
+    const int64_t chunk = units / (kGemvChunksPerThread * n_threads);
+    const int64_t n_chunks = (units + chunk - 1) / chunk;
+    std::atomic<int64_t> next{0};
+    ctx.pool.run(n_threads, [&](int p, int) {
+      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) {
+        const int64_t r0 = c * chunk * kRowAlign, r1 = std::min(out, (c + 1) * chunk * kRowAlign);
+        matmul_rows(w, r0, r1, pa, y + r0, out, ctx.scratch.per_thread[p]);
+      }
+    });
+    return;
+  }
+  // Rows split evenly (every row has the same bytes); tiny matrices stay on one thread.
   const int parts = static_cast<int>(std::min<int64_t>(n_threads, std::max<int64_t>(1, units)));
   ctx.pool.run(parts, [&](int p, int np) {
     const int64_t r0 = std::min(out, units * p / np * kRowAlign);

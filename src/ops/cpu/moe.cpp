@@ -1,6 +1,7 @@
 #include "ops/cpu/moe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -45,13 +46,8 @@ float silu(float v) {
   return v / (1.0f + std::exp(-v));
 }
 
-// Rows [begin, end) of `rows` for part p of np, in multiples of kRowAlign (the last part takes
-// the remainder), so every part streams the same bytes of every matrix.
-void split_rows(int64_t rows, int p, int np, int64_t& begin, int64_t& end) {
-  const int64_t units = (rows + kRowAlign - 1) / kRowAlign;
-  begin = std::min(rows, units * p / np * kRowAlign);
-  end = p + 1 == np ? rows : std::min(rows, units * (p + 1) / np * kRowAlign);
-}
+// Rows (or output columns) per task of the gate/up and down passes: a multiple of kRowAlign.
+constexpr int64_t kRowChunk = 64;
 
 TensorView rows_of(const TensorView& v, int64_t first, int64_t count) {
   TensorView r = v;
@@ -170,7 +166,7 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
       std::memcpy(gathered + i * rb, act_x + int64_t{entry_token[i]} * rb, rb);
   });
 
-  // 4. Gate and up for every group, each thread its share of every group's rows, then
+  // 4. Gate and up for every group, in tasks of kRowChunk rows, then
   // h = silu(gate) * up into hidden [total_rows, max(ff, sff)].
   const int64_t hs = std::max(ff, has_shared ? sff : 0);
   auto* hidden = s.moe_hidden.get<float>(total_rows * hs);
@@ -178,13 +174,26 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
     return g.shared ? PreparedAct{gathered + n_entries * rb, rb_shared, g.count}
                     : PreparedAct{gathered + g.first_row * rb, rb, g.count};
   };
-  pool.run(n_threads, [&](int p, int np) {
-    for (int gi = 0; gi < n_groups; ++gi) {
+  // Tasks of kRowChunk rows of one group, from a shared counter: one core's share of the
+  // bandwidth moves from moment to moment, so fixed halves finish apart.
+  int64_t n_tasks = 0;
+  for (int gi = 0; gi < n_groups; ++gi)
+    n_tasks += (groups[gi].gate.ne[1] + kRowChunk - 1) / kRowChunk;
+  std::atomic<int64_t> next{0};
+  pool.run(n_threads, [&](int p, int) {
+    int gi = 0;
+    int64_t group_first = 0;  // the first task of group gi
+    for (int64_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < n_tasks;) {
+      // Tasks come in increasing order per thread, so the group only moves forward.
+      for (;;) {
+        const int64_t in_group = (groups[gi].gate.ne[1] + kRowChunk - 1) / kRowChunk;
+        if (task < group_first + in_group) break;
+        group_first += in_group;
+        ++gi;
+      }
       const Group& g = groups[gi];
-      const int64_t rows = g.gate.ne[1];
-      int64_t r0, r1;
-      split_rows(rows, p, np, r0, r1);
-      if (r0 >= r1) continue;
+      const int64_t r0 = (task - group_first) * kRowChunk;
+      const int64_t r1 = std::min(g.gate.ne[1], r0 + kRowChunk);
       const int64_t width = r1 - r0;
       float* tile = s.moe_per_thread[p].get<float>(2 * g.count * width);
       const PreparedAct a = act_rows(g);
@@ -217,26 +226,28 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
     }
   });
 
-  // 6. Down: each thread owns a slice of the output columns for every token, so the weighted sum
-  // over experts needs no synchronisation.
-  pool.run(n_threads, [&](int p, int np) {
-    int64_t c0, c1;
-    split_rows(dim, p, np, c0, c1);
-    if (c0 >= c1) return;
-    const int64_t width = c1 - c0;
-    for (int64_t t = 0; t < n; ++t) std::fill(out + t * dim + c0, out + t * dim + c1, 0.0f);
-    for (int gi = 0; gi < n_groups; ++gi) {
-      const Group& g = groups[gi];
-      const PreparedAct a{g.shared ? act_h + n_entries * rbh : act_h + g.first_row * rbh,
-                          g.shared ? rbh_shared : rbh, g.count};
-      float* tile = s.moe_per_thread[p].get<float>(g.count * width);
-      matmul_rows(g.down, c0, c1, a, tile, width, s.per_thread[p]);
-      for (int64_t i = 0; i < g.count; ++i) {
-        const int64_t row = g.first_row + i;
-        const float wt = entry_weight[row];
-        float* o = out + int64_t{entry_token[row]} * dim + c0;
-        const float* y = tile + i * width;
-        for (int64_t c = 0; c < width; ++c) o[c] += wt * y[c];
+  // 6. Down: each task owns kRowChunk output columns for every token (over every group), so the
+  // weighted sum needs no synchronisation; tasks from a shared counter, as for gate/up.
+  const int64_t n_col_tasks = (dim + kRowChunk - 1) / kRowChunk;
+  std::atomic<int64_t> next_col{0};
+  pool.run(n_threads, [&](int p, int) {
+    for (int64_t task; (task = next_col.fetch_add(1, std::memory_order_relaxed)) < n_col_tasks;) {
+      const int64_t c0 = task * kRowChunk, c1 = std::min(dim, c0 + kRowChunk);
+      const int64_t width = c1 - c0;
+      for (int64_t t = 0; t < n; ++t) std::fill(out + t * dim + c0, out + t * dim + c1, 0.0f);
+      for (int gi = 0; gi < n_groups; ++gi) {
+        const Group& g = groups[gi];
+        const PreparedAct a{g.shared ? act_h + n_entries * rbh : act_h + g.first_row * rbh,
+                            g.shared ? rbh_shared : rbh, g.count};
+        float* tile = s.moe_per_thread[p].get<float>(g.count * width);
+        matmul_rows(g.down, c0, c1, a, tile, width, s.per_thread[p]);
+        for (int64_t i = 0; i < g.count; ++i) {
+          const int64_t row = g.first_row + i;
+          const float wt = entry_weight[row];
+          float* o = out + int64_t{entry_token[row]} * dim + c0;
+          const float* y = tile + i * width;
+          for (int64_t c = 0; c < width; ++c) o[c] += wt * y[c];
+        }
       }
     }
   });

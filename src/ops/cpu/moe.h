@@ -13,8 +13,8 @@ namespace qwenrt::ops::cpu {
 // down(silu(gate x) * up x). Routing (router matmul, softmax, top-k with ties to the lower id,
 // renormalised with the sum clamped at >= 6.103515625e-5) runs inside. Each input is quantised
 // once and reused by every expert; tokens are grouped by expert so each chosen expert's weights
-// stream once per call; threads split every expert's rows evenly (equal bytes), the shared expert
-// in the same pass. Gate/up separate or fused (gate_up_exps: gate rows, then up rows).
+// stream once per call; threads take 64-row tasks of every expert (the shared expert in the same
+// pass) from a shared counter. Gate/up separate or fused (gate_up_exps: gate rows, then up rows).
 // No allocation once Scratch has grown to the call's size.
 void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert, int k,
              Context& ctx);
