@@ -40,6 +40,7 @@ float dot_q6_k_512(int64_t nb, const uint8_t* w, const void* act) {
   const __m512i idx0 = _mm512_load_si512(idx[0]), idx1 = _mm512_load_si512(idx[1]);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i, w += 210, ++a) {
+    prefetch_ahead<210>(w);
     const float d = a->d * f16_at(w + 208);
     const __m256i sc16 = _mm256_cvtepi8_epi16(load128(w + 192));
     // -32 offset through the activation sums, as in the 256-bit kernel.
