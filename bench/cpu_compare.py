@@ -42,23 +42,21 @@ DEFAULT_MEMBW = REPO / "build-bench/membw"
 
 
 def shown(p) -> str:
-    """A path as the report shows it: relative to the repository when inside it, ~ for home."""
+    """A path as a report shows it: relative to the repository when inside it, else only its name
+    (reports are committed; they hold no absolute paths of the machine)."""
     p = Path(p)
     try:
         return str(p.absolute().relative_to(REPO))
     except ValueError:
-        pass
-    try:
-        return "~/" + str(p.absolute().relative_to(Path.home()))
-    except ValueError:
-        return str(p)
+        return f".../{p.name}" if p.is_absolute() else str(p)
+
+
+def pathlike(a: str) -> bool:
+    return "/" in a and (a.startswith("/") or Path(a).exists())
 
 
 def shown_cmd(cmd: list[str]) -> str:
-    out = []
-    for a in cmd:
-        out.append(shown(a) if ("/" in a and Path(a).exists()) else a)
-    return shlex.join(out)
+    return shlex.join(shown(a) if pathlike(a) else a for a in cmd)
 
 
 def cpu_jiffies() -> tuple[int, int]:
@@ -241,6 +239,8 @@ def main() -> None:
     if args.bandwidth:
         bw, bw_cmd = args.bandwidth, "given with --bandwidth"
     elif os.access(args.membw, os.X_OK):
+        if args.wait_idle:
+            print(f"waited {wait_idle(args.wait_idle):.0f} s for an idle machine", file=sys.stderr, flush=True)
         bw, cmd, detail = measure_bandwidth(args.membw, args.threads)
         bw_cmd = f"`{cmd}`: {detail}"
     else:
@@ -304,8 +304,7 @@ def fmt_bytes(n: float) -> str:
 def render(args, tools, mach, started, finished, load_start, load_end, bw, bw_cmd, lb_version,
            q_version, reports) -> str:
     pp, tg = f"pp{args.prompt}", f"tg{args.gen}"
-    self_cmd = shlex.join(["python3", "bench/cpu_compare.py"] + [shown(a) if Path(a).exists() and "/" in a else a
-                                                               for a in sys.argv[1:]])
+    self_cmd = shown_cmd(["python3", "bench/cpu_compare.py"] + sys.argv[1:])
     cores = f"{mach.get('cores')} cores" if mach.get("cores") else ""
     lines = [f"# CPU: {' vs '.join(tools)}: {', '.join(m.name for m, *_ in reports)}", "",
              f"Command: `{self_cmd}`", "",
