@@ -17,7 +17,7 @@
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/moe.h"
 #include "ops/cpu/sampling.h"
-#include "ops/ops.h"
+#include "ops/host_ops.h"
 #include "ops/ref/kernels.h"
 
 namespace qwenrt::ops {
@@ -94,7 +94,7 @@ class Arena {
   int64_t high_water_ = 0;
 };
 
-class CpuOps final : public Ops {
+class CpuOps final : public HostOps {
  public:
   explicit CpuOps(int n_threads) : pool_(n_threads > 0 ? n_threads : physical_cores()) {}
   const char* name() const override { return "cpu"; }
@@ -103,22 +103,9 @@ class CpuOps final : public Ops {
     return static_cast<float*>(arena_.take(n_floats * int64_t{sizeof(float)}));
   }
   void reset_workspace() override { arena_.reset(); }
-  void* alloc_buffer(int64_t bytes) override {
-    // calloc of large sizes maps fresh zero pages: pools cost memory only where written.
-    void* p = std::calloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)), 1);
-    if (!p) fail("cpu backend: out of memory allocating {} bytes", bytes);
-    return p;
-  }
-  void free_buffer(void* buffer) override { std::free(buffer); }
-  void copy(void* dst, const void* src, int64_t bytes) override { std::memmove(dst, src, bytes); }
-  void fill_zero(void* dst, int64_t bytes) override { std::memset(dst, 0, bytes); }
-  void upload(const float* host, float* dst, int64_t n) override { std::memcpy(dst, host, n * 4); }
-  void download(const float* src, float* host, int64_t n) override {
-    std::memcpy(host, src, n * 4);
-  }
 
   void begin_step(const StepLayout& layout) override {
-    step_ = layout;
+    HostOps::begin_step(layout);
     rope_n_rot_ = -1;  // new positions: the RoPE table is rebuilt on first use
     spans_ = reinterpret_cast<const cpu::Span*>(layout.spans);
   }
@@ -155,15 +142,6 @@ class CpuOps final : public Ops {
   }
   void add(const float* a, const float* b, float* out, int64_t n) override {
     cpu::add(a, b, out, n, pool_);
-  }
-  void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
-               int64_t cols) override {
-    for (int64_t r = 0; r < rows; ++r)
-      std::memmove(dst + r * dst_stride, src + r * src_stride, cols * 4);
-  }
-  void gather_output_rows(const float* x, int64_t dim, float* out) override {
-    for (int64_t i = 0; i < step_.n_output_rows; ++i)
-      std::memcpy(out + i * dim, x + step_.output_rows[i] * dim, dim * 4);
   }
 
   void attention(const AttentionArgs& a) override {
@@ -229,7 +207,6 @@ class CpuOps final : public Ops {
   cpu::ScratchBuffer rope_table_;
   int rope_n_rot_ = -1;
   float rope_theta_ = 0;
-  StepLayout step_;
   const cpu::Span* spans_ = nullptr;  // step_.spans seen as the kernels' (same layout)
 };
 

@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "core/error.h"
-#include "ops/ops.h"
+#include "ops/host_ops.h"
 #include "ops/ref/kernels.h"
 
 namespace qwenrt::ops {
 namespace {
 
-class RefOps final : public Ops {
+class RefOps final : public HostOps {
  public:
   const char* name() const override { return "ref"; }
 
@@ -24,20 +24,6 @@ class RefOps final : public Ops {
     return buffers_.back().data();
   }
   void reset_workspace() override { buffers_.clear(); }
-  void* alloc_buffer(int64_t bytes) override {
-    void* p = std::calloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)), 1);
-    if (!p) fail("ref backend: out of memory allocating {} bytes", bytes);
-    return p;
-  }
-  void free_buffer(void* buffer) override { std::free(buffer); }
-  void copy(void* dst, const void* src, int64_t bytes) override { std::memmove(dst, src, bytes); }
-  void fill_zero(void* dst, int64_t bytes) override { std::memset(dst, 0, bytes); }
-  void upload(const float* host, float* dst, int64_t n) override { std::memcpy(dst, host, n * 4); }
-  void download(const float* src, float* host, int64_t n) override {
-    std::memcpy(host, src, n * 4);
-  }
-
-  void begin_step(const StepLayout& layout) override { step_ = layout; }
 
   void embed(const Weight& table, float* out) override {
     ref::embed_rows(table, step_.tokens, out, step_.n);
@@ -63,15 +49,6 @@ class RefOps final : public Ops {
   void add(const float* a, const float* b, float* out, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
   }
-  void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
-               int64_t cols) override {
-    for (int64_t r = 0; r < rows; ++r)
-      std::memmove(dst + r * dst_stride, src + r * src_stride, cols * 4);
-  }
-  void gather_output_rows(const float* x, int64_t dim, float* out) override {
-    for (int64_t i = 0; i < step_.n_output_rows; ++i)
-      std::memcpy(out + i * dim, x + step_.output_rows[i] * dim, dim * 4);
-  }
 
   void attention(const AttentionArgs& a) override { ref::attention_spans(step_, a); }
   void deltanet(const DeltaNetArgs& a) override { ref::deltanet_spans(step_, a); }
@@ -87,7 +64,6 @@ class RefOps final : public Ops {
   }
 
  private:
-  StepLayout step_;
   std::deque<std::vector<float>> buffers_;
 };
 

@@ -1,0 +1,44 @@
+// What every host-memory backend (ref, cpu) does the same way: persistent buffers from calloc
+// (fresh zero pages, so state pools cost memory only where written), plain copies, and the step's
+// layout kept as given.
+#pragma once
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace qwenrt::ops {
+
+class HostOps : public Ops {
+ public:
+  void* alloc_buffer(int64_t bytes) override {
+    void* p = std::calloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)), 1);
+    if (!p) fail("{} backend: out of memory allocating {} bytes", name(), bytes);
+    return p;
+  }
+  void free_buffer(void* buffer) override { std::free(buffer); }
+  void copy(void* dst, const void* src, int64_t bytes) override { std::memmove(dst, src, bytes); }
+  void fill_zero(void* dst, int64_t bytes) override { std::memset(dst, 0, bytes); }
+  void upload(const float* host, float* dst, int64_t n) override { std::memcpy(dst, host, n * 4); }
+  void download(const float* src, float* host, int64_t n) override {
+    std::memcpy(host, src, n * 4);
+  }
+  void begin_step(const StepLayout& layout) override { step_ = layout; }
+  void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+               int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memmove(dst + r * dst_stride, src + r * src_stride, cols * 4);
+  }
+  void gather_output_rows(const float* x, int64_t dim, float* out) override {
+    for (int64_t i = 0; i < step_.n_output_rows; ++i)
+      std::memcpy(out + i * dim, x + step_.output_rows[i] * dim, dim * 4);
+  }
+
+ protected:
+  StepLayout step_;
+};
+
+}  // namespace qwenrt::ops
