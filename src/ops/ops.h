@@ -97,5 +97,10 @@ std::unique_ptr<Ops> make_ref_ops();
 // The fast CPU backend (ops/cpu): SIMD kernels chosen at run time, `n_threads` threads (0 = the
 // physical cores).
 std::unique_ptr<Ops> make_cpu_ops(int n_threads = 0);
+// The CUDA backend (ops/cuda) on GPU `device`; Error when qwenrt was built without CUDA or the
+// device cannot be used.
+std::unique_ptr<Ops> make_cuda_ops(int device = 0);
+// Whether this build has the CUDA backend and a usable GPU (tests skip without one).
+bool cuda_available();
 
 }  // namespace qwenrt::ops

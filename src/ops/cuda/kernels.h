@@ -1,0 +1,142 @@
+// The CUDA backend's kernels, as host-callable launchers (each .cu file of this folder implements
+// one group; cuda_ops.cu runs the Ops interface on them). Every pointer is device memory unless
+// named host; every launcher enqueues on `stream` and never synchronises. What each computes is
+// the ops/ref function named beside it: the kernel tests compare them on the GPU.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "ops/types.h"
+
+namespace qwenrt::ops::cuda {
+
+// ---- Weights ----
+// A weight in device memory, ggml order: `in` elements per row (contiguous), `out` rows
+// `row_bytes` apart; 3D expert tensors hold n_expert such matrices `expert_bytes` apart.
+struct Matrix {
+  DType dtype = DType::F32;
+  int64_t in = 0, out = 0, n_expert = 1;
+  int64_t row_bytes = 0, expert_bytes = 0;
+  const void* data = nullptr;
+};
+
+// Types the matmul / embed kernels read as they are: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ4_XS, F32,
+// F16, BF16. The backend converts every other type to F32 at load (quant/ dequantises it).
+bool has_kernel(DType type);
+
+// ---- The step on the device ----
+// The step layout as begin_step uploaded it (device copies of the host arrays).
+struct DeviceStep {
+  const int32_t* tokens = nullptr;     // [n]
+  const int32_t* positions = nullptr;  // [n]
+  int64_t n = 0;
+  const Span* spans = nullptr;  // [n_spans]
+  int n_spans = 0;
+  const int32_t* output_rows = nullptr;  // [n_output_rows]
+  int64_t n_output_rows = 0;
+  const int32_t* page_tables = nullptr;  // [n_slots, page_table_stride]
+  int64_t page_table_stride = 0;
+  // Host-known bounds for launch sizes that stay fixed while the values above change (a captured
+  // graph replays with new values): no span holds more than max_tokens tokens after the step
+  // (page_table_stride * page_size), and max_span_count bounds every span's count.
+  int64_t max_tokens = 0;
+  int64_t max_span_count = 0;
+};
+
+// ---- Matmul (matmul.cu) ----
+// Device scratch a matmul of n rows needs (quantised activations, dequantised tiles); launchers
+// below take a workspace of at least this many bytes. Expert launchers: n * k rows.
+int64_t matmul_workspace_bytes(const Matrix& w, int64_t n);
+// y [n, out] = x [n, in] @ W^T (ref::matmul).
+void matmul(const Matrix& w, const float* x, float* y, int64_t n, void* workspace,
+            cudaStream_t stream);
+// Several matrices of the same `in` applied to one input in one pass (the input quantised once):
+// y_i [n, w_i.out] = x @ W_i^T.
+struct Projection {
+  Matrix w;
+  float* y = nullptr;
+};
+int64_t matmul_group_workspace_bytes(const Projection* p, int n_p, int64_t n);
+void matmul_group(const Projection* p, int n_p, const float* x, int64_t n, void* workspace,
+                  cudaStream_t stream);
+// y [n, ff] = silu(x @ Wg^T) * (x @ Wu^T): the SwiGLU of a dense FFN or a shared expert.
+void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* y, int64_t n,
+                   void* workspace, cudaStream_t stream);
+// Routed experts (ref::moe_experts), ids [n, k] on the device:
+// y [n * k, ff] = silu(x[r] @ Wg[e]^T) * (x[r] @ Wu[e]^T) for row r, choice j, e = ids[r * k + j].
+// Gate and up are 3D [in, ff, n_expert]; a fused gate_up tensor is passed as two views of it.
+void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, int k,
+                    const float* x, float* y, int64_t n, void* workspace, cudaStream_t stream);
+// y [n, out] = sum_j weights[r * k + j] * (x[r * k + j] @ Wd[ids[r * k + j]]^T), x [n * k, ff].
+void experts_down(const Matrix& down, const int32_t* ids, const float* weights, int k,
+                  const float* x, float* y, int64_t n, void* workspace, cudaStream_t stream);
+// out [n, in] = rows tokens[0..n) of table (ref::embed_rows; ids are checked on the host).
+void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
+                cudaStream_t stream);
+
+// ---- Elementwise (elementwise.cu) ----
+void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
+             cudaStream_t stream);
+// x += delta, then out = rmsnorm(x) (out may not alias x).
+void add_rmsnorm(float* x, const float* delta, const float* weight, float* out, int64_t rows,
+                 int64_t dim, float eps, cudaStream_t stream);
+// ref::rope_neox at positions [n] (device).
+void rope_neox(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
+               int64_t token_stride, int n_rot, float theta, cudaStream_t stream);
+void silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+void sigmoid_mul(const float* x, const float* gate, int64_t gate_stride, float* out, int64_t rows,
+                 int64_t cols, cudaStream_t stream);
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
+void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+             int64_t cols, cudaStream_t stream);
+// out [n_rows, dim] = x rows rows[0..n_rows) (device indices).
+void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n_rows, float* out,
+                 cudaStream_t stream);
+
+// ---- Attention (attention.cu) ----
+// Ops::attention over the paged KV: appends k, v of every span's rows at positions n_past.. into
+// the slot's pages (DeviceStep::page_tables), then causal GQA attention of each query row over its
+// slot's keys (ref::attention_spans). Decode rows split long contexts across blocks.
+int64_t attention_workspace_bytes(const DeviceStep& step, int n_head, int head_dim);
+void attention(const DeviceStep& step, const AttentionArgs& args, void* workspace,
+               cudaStream_t stream);
+
+// ---- DeltaNet (deltanet.cu) ----
+// Ops::deltanet for every span (ref::deltanet_spans): conv1d + SiLU with the slot's conv state,
+// L2 norms, gates, the gated delta rule with the slot's state, gated RMSNorm. The args' weights
+// (conv, dt_bias, a, norm) are F32 tensors placed in device memory.
+int64_t deltanet_workspace_bytes(const DeviceStep& step, const DeltaNetArgs& args);
+void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
+              cudaStream_t stream);
+
+// ---- MoE routing (moe.cu) ----
+// ref::moe_route on logits [n, n_expert]: ids / weights [n, k].
+void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids, float* weights,
+               cudaStream_t stream);
+// out [n, dim] = routed [n, dim] + sigmoid(x[r] . gate_inp) * shared [n, dim] (gate_inp [dim]).
+void moe_combine(const float* routed, const float* shared, const float* x, const float* gate_inp,
+                 float* out, int64_t n, int64_t dim, cudaStream_t stream);
+
+// ---- Sampling (sampling.cu) ----
+// One output row's settings on the device (SamplingRow with its arrays packed into the step's
+// bias / history buffers).
+struct DeviceSamplingRow {
+  float temperature, top_p, min_p;
+  int32_t top_k;
+  float presence_penalty, frequency_penalty, repetition_penalty;
+  int32_t bias_begin, bias_count;        // into bias_ids / bias_values
+  int32_t history_begin, history_count;  // into history
+  double u;
+  int32_t n_top;
+};
+int64_t sample_workspace_bytes(int64_t n_rows, int64_t n_vocab);
+// out [n_rows] (device) = ref::sample_rows of logits [n_rows, n_vocab] with rows [n_rows]; a row
+// that excludes every token gets id -1 (the host turns it into an error).
+void sample(const float* logits, int64_t n_vocab, const DeviceSamplingRow* rows, int64_t n_rows,
+            const int32_t* bias_ids, const float* bias_values, const int32_t* history,
+            SampledToken* out, void* workspace, cudaStream_t stream);
+
+}  // namespace qwenrt::ops::cuda
