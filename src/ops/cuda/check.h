@@ -1,17 +1,21 @@
 // CUDA error checks: every runtime call and every launch is checked, and a failure names the call,
 // the file and the line.
+//
+// nvcc's front end cannot compile fmt's compile-time format strings, so .cu files never call
+// qwenrt::fail(): they throw through cuda_fail(message) (check.cpp, compiled by the host
+// compiler), building the message with std::string / std::to_string.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "core/error.h"
+#include <string>
 
 namespace qwenrt::ops::cuda {
 
-[[noreturn]] inline void cuda_failed(cudaError_t err, const char* what, const char* file, int line) {
-  fail("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(err), cudaGetErrorString(err), what,
-       file, line);
-}
+// Throws qwenrt::Error with `message`.
+[[noreturn]] void cuda_fail(const std::string& message);
+// Throws qwenrt::Error naming the CUDA error, the failed expression, file and line.
+[[noreturn]] void cuda_failed(cudaError_t err, const char* what, const char* file, int line);
 
 }  // namespace qwenrt::ops::cuda
 
