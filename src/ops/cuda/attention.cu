@@ -1,0 +1,594 @@
+// Ops::attention on the GPU (ref::attention_spans is the definition): every span's new K/V rows go
+// into its slot's pages, then causal GQA attention of every query row over the slot's keys.
+//
+// The unit of work is a query vector: one (query row, q head) pair. The vectors of a span that
+// share KV head g (its rows x the G = n_head / n_head_kv q heads of g's group, row-major) are cut
+// into tiles of kTileVectors. A block takes one tile, one KV head and a range of keys, and streams
+// those keys through shared memory kKeyTile at a time (cp.async, double buffered): every K/V row
+// loaded serves all vectors of the tile, so the q heads of a group share each load (GQA).
+//
+// One kernel, two launch shapes:
+//  - split: spans whose vectors fit one tile (count * G <= kTileVectors: decode rows, and the few
+//    rows of a speculative / MTP check). Flash-decoding: the span's keys are cut into chunks, one
+//    block each, that write unnormalised partials (acc, running max, running sum) to the
+//    workspace; a combine launch merges them into out.
+//  - tiles: longer (prefill) spans. One block per tile over all the keys its rows see (causal),
+//    writing out directly.
+// Both launches cover every span with grids from host-known bounds (n_spans, max_span_count,
+// max_tokens); a block whose span belongs to the other shape, or whose tile / chunk lies beyond
+// the span's real size (read on the device), exits at once. So the launches replay correctly in
+// a captured graph with new n_past, spans and page tables.
+//
+// The KV append is fused: keys at positions >= n_past (the step's own rows) are read from args.k /
+// args.v, never from the pages, and the one block that owns a row (chunk 0 of a split span; the
+// tile holding the row's first vector otherwise) writes it into the pages. No block reads a page
+// row that a block of the same launch writes. (Pages shared between slots are never written: the
+// state store copies a shared last page before a step writes into it.)
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/kernels.h"
+
+namespace qwenrt::ops::cuda {
+namespace {
+
+constexpr int kThreads = 128;     // 4 warps per block, both kernels
+constexpr int kTileVectors = 16;  // query vectors per block (a decode row of 16 heads / 2 KV = 8)
+constexpr int kKeyTile = 32;      // keys per shared-memory tile: one key per lane for the scores
+constexpr int kMinChunk = 64;     // split: the fewest keys one chunk takes (2 key tiles)
+constexpr int kMaxSplits = 128;   // split: chunks per span at most (the combine's shared weights)
+// split: chunks are counted so that a step of few decode rows still has ~2 blocks per SM of an
+// H200 (132 SMs) per KV head; batches of many rows need fewer chunks to fill the GPU.
+constexpr int kSplitBlocksTarget = 256;
+constexpr int kMaxGridYZ = 65535;  // the hardware limit of gridDim.y and gridDim.z
+
+static_assert(kThreads == kTileVectors * 8, "the softmax step gives 8 threads to each vector");
+static_assert(kThreads / 32 * 4 == kTileVectors, "the score step gives each warp 4 vectors");
+
+// Shared memory of the attention kernel, in floats (every array starts 16-byte aligned).
+template <int D>
+struct Smem {
+  static constexpr int kKStride = D + 4;  // K rows padded: lanes reading different keys' float4s
+                                          // hit distinct banks
+  static constexpr int kPStride = kTileVectors + 4;        // probabilities [key][vector], padded
+  static constexpr int kQ = 0;                             // [vector][D], pre-scaled
+  static constexpr int kK = kQ + kTileVectors * D;         // [2][key][kKStride]
+  static constexpr int kV = kK + 2 * kKeyTile * kKStride;  // [2][key][D]
+  static constexpr int kScores = kV + 2 * kKeyTile * D;    // [vector][key]
+  static constexpr int kProbs = kScores + kTileVectors * kKeyTile;  // [key][kPStride]
+  static constexpr int kMax = kProbs + kKeyTile * kPStride;         // [vector] running max
+  static constexpr int kSum = kMax + kTileVectors;                  // [vector] running sum
+  static constexpr int kAlpha = kSum + kTileVectors;                // [vector] this tile's rescale
+  static constexpr int kQPos = kAlpha + kTileVectors;               // [vector] position (int)
+  static constexpr int kFloats = kQPos + kTileVectors;
+  static constexpr size_t kBytes = size_t{kFloats} * 4;
+};
+// D = 256: 153,344 bytes, under sm_80's 163 KiB opt-in limit (one block per SM on an H200).
+static_assert(Smem<256>::kBytes <= 163 * 1024, "attention tiles must fit sm_80's shared memory");
+
+// The kernels' arguments: plain pointers and sizes.
+struct KernelArgs {
+  const Span* spans;
+  const int32_t* page_tables;  // [n_slots, page_table_stride]
+  int64_t page_table_stride;
+  const float* q;  // [n, n_head, D], rows q_stride apart
+  int64_t q_stride;
+  const float* k;  // [n, kv_dim]: the step's new rows
+  const float* v;
+  float* k_pages;  // [n_pages, page_size, kv_dim]
+  float* v_pages;
+  int page_size;
+  int64_t kv_dim;
+  float* out;  // [n, n_head, D]
+  int n_head, group;
+  float scale;
+  // Split partials: part_acc [n_spans, n_splits, part_rows * n_head, D] and part_ml (max, sum)
+  // [n_spans, n_splits, part_rows * n_head, 2]; slot r * n_head + h for row r, q head h.
+  float* part_acc;
+  float* part_ml;
+  int n_splits;
+  int part_rows;
+  int tiles_per_span;  // tiles launch: the grid's tile bound
+};
+
+// Whether a span takes the split shape: all its vectors of one KV head fit one tile.
+__device__ __forceinline__ bool is_split_span(int count, int group) {
+  return count > 0 && count <= kTileVectors / group;
+}
+
+// Keys per chunk of a split span with n_kv keys: balanced over the n_splits blocks, whole key
+// tiles, at least kMinChunk (a short context leaves the chunks beyond it idle).
+__device__ __forceinline__ int split_chunk(int n_kv, int n_splits) {
+  int chunk = (n_kv + n_splits - 1) / n_splits;
+  chunk = (chunk + kKeyTile - 1) / kKeyTile * kKeyTile;
+  return max(chunk, kMinChunk);
+}
+
+// Where key `pos` of span `sp` lives, as a float offset: into the pages (pos < n_past), or into the
+// step's new rows args.k / args.v (fresh = true). -1 when its page is missing (the host reserves
+// every page before the step; this only keeps a bad table from reading out of bounds).
+struct KeyAt {
+  int64_t offset;
+  bool fresh;
+};
+__device__ __forceinline__ KeyAt key_at(const KernelArgs& a, const Span& sp, int pos) {
+  if (pos >= sp.n_past) return {(int64_t{sp.begin} + pos - sp.n_past) * a.kv_dim, true};
+  const int32_t page = a.page_tables[sp.slot * a.page_table_stride + pos / a.page_size];
+  if (page < 0) return {-1, false};
+  return {(int64_t{page} * a.page_size + pos % a.page_size) * a.kv_dim, false};
+}
+
+// 16-byte asynchronous global -> shared copy; valid = false zero-fills the 16 bytes and reads
+// nothing (src must still be a mapped address).
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
+  const unsigned dst_addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most n of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// dot[i] = q_s[w + 4i] . k_row for this lane's key, i < NV (two accumulators per vector keep
+// four FMA chains in flight).
+template <int D, int NV>
+__device__ __forceinline__ void score_dots(const float* q_s, const float* k_row, int w,
+                                           float* dot) {
+  float acc0[NV], acc1[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) acc0[i] = acc1[i] = 0.0f;
+#pragma unroll 4
+  for (int c = 0; c < D / 4; ++c) {
+    const float4 kk = reinterpret_cast<const float4*>(k_row)[c];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const float4 qq = reinterpret_cast<const float4*>(q_s + (w + 4 * i) * D)[c];
+      acc0[i] = fmaf(qq.x, kk.x, acc0[i]);
+      acc1[i] = fmaf(qq.y, kk.y, acc1[i]);
+      acc0[i] = fmaf(qq.z, kk.z, acc0[i]);
+      acc1[i] = fmaf(qq.w, kk.w, acc1[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < NV; ++i) dot[i] = acc0[i] + acc1[i];
+}
+
+// One block: (tile or chunk blockIdx.x, span blockIdx.y, KV head blockIdx.z).
+template <int D, bool kSplit>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a) {
+  using S = Smem<D>;
+  extern __shared__ float4 smem_f4[];
+  float* smem = reinterpret_cast<float*>(smem_f4);
+  float* q_s = smem + S::kQ;
+  float* k_s = smem + S::kK;
+  float* v_s = smem + S::kV;
+  float* sc_s = smem + S::kScores;
+  float* p_s = smem + S::kProbs;
+  float* m_s = smem + S::kMax;
+  float* l_s = smem + S::kSum;
+  float* alpha_s = smem + S::kAlpha;
+  int* qpos_s = reinterpret_cast<int*>(smem + S::kQPos);
+
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int s = blockIdx.y, g = blockIdx.z, G = a.group;
+  const Span sp = a.spans[s];
+  const int n_kv = sp.n_past + sp.count;
+
+  // This block's vectors [vec0, vec0 + n_vec) of the span's count * G and keys [key_begin,
+  // key_end).
+  int vec0, n_vec, key_begin, key_end;
+  bool writes_kv;
+  if constexpr (kSplit) {
+    if (!is_split_span(sp.count, G)) return;
+    const int chunk = split_chunk(n_kv, a.n_splits);
+    key_begin = blockIdx.x * chunk;
+    if (key_begin >= n_kv) return;  // a chunk beyond this context
+    key_end = min(n_kv, key_begin + chunk);
+    vec0 = 0;
+    n_vec = sp.count * G;
+    writes_kv = blockIdx.x == 0;
+  } else {
+    if (sp.count == 0 || is_split_span(sp.count, G)) return;
+    const int tile = a.tiles_per_span - 1 - blockIdx.x;  // the later (longer) tiles start first
+    vec0 = tile * kTileVectors;
+    if (vec0 >= sp.count * G) return;  // a tile beyond this span
+    n_vec = min(kTileVectors, sp.count * G - vec0);
+    key_begin = 0;
+    key_end = sp.n_past + (vec0 + n_vec - 1) / G + 1;  // the tile's last row sees up to itself
+    writes_kv = true;
+  }
+
+  // KV append of the rows this block owns: those whose first vector r * G lies in its range.
+  if (writes_kv) {
+    const int r_begin = (vec0 + G - 1) / G;
+    const int r_end = min(sp.count, (vec0 + n_vec + G - 1) / G);
+    const int32_t* table = a.page_tables + sp.slot * a.page_table_stride;
+    for (int idx = t; idx < (r_end - r_begin) * (D / 4); idx += kThreads) {
+      const int r = r_begin + idx / (D / 4), c = idx % (D / 4);
+      const int pos = sp.n_past + r;
+      const int32_t page = table[pos / a.page_size];
+      if (page < 0) continue;
+      const int64_t dst =
+          (int64_t{page} * a.page_size + pos % a.page_size) * a.kv_dim + int64_t{g} * D + 4 * c;
+      const int64_t src = (int64_t{sp.begin} + r) * a.kv_dim + int64_t{g} * D + 4 * c;
+      *reinterpret_cast<float4*>(a.k_pages + dst) = *reinterpret_cast<const float4*>(a.k + src);
+      *reinterpret_cast<float4*>(a.v_pages + dst) = *reinterpret_cast<const float4*>(a.v + src);
+    }
+  }
+
+  // Queries, pre-scaled (zero past the tile's vectors), and each vector's position.
+  for (int idx = t; idx < kTileVectors * D; idx += kThreads) {
+    const int v = idx / D, d = idx % D;
+    float x = 0.0f;
+    if (v < n_vec) {
+      const int vg = vec0 + v, r = vg / G, h = g * G + vg % G;
+      x = a.scale * a.q[(int64_t{sp.begin} + r) * a.q_stride + int64_t{h} * D + d];
+    }
+    q_s[idx] = x;
+  }
+  if (t < kTileVectors) {
+    // -1 for a vector past the tile: every key is masked, its softmax stays at zero.
+    qpos_s[t] = t < n_vec ? sp.n_past + (vec0 + t) / G : -1;
+    m_s[t] = -INFINITY;
+    l_s[t] = 0.0f;
+  }
+
+  // Stage key tile `it` (kKeyTile keys from key_begin + it * kKeyTile) into buffer it % 2.
+  auto stage = [&](int it) {
+    const int kt = key_begin + it * kKeyTile;
+    float* kd = k_s + (it & 1) * kKeyTile * S::kKStride;
+    float* vd = v_s + (it & 1) * kKeyTile * D;
+    for (int idx = t; idx < kKeyTile * (D / 4); idx += kThreads) {
+      const int j = idx / (D / 4), c = idx % (D / 4);
+      const int pos = kt + j;
+      KeyAt at{-1, false};
+      if (pos < key_end) at = key_at(a, sp, pos);
+      const bool valid = at.offset >= 0;
+      const int64_t off = valid ? at.offset + int64_t{g} * D + 4 * c : 0;
+      const float* ksrc = valid ? (at.fresh ? a.k : a.k_pages) + off : a.k;
+      const float* vsrc = valid ? (at.fresh ? a.v : a.v_pages) + off : a.v;
+      cp_async16(kd + j * S::kKStride + 4 * c, ksrc, valid);
+      cp_async16(vd + j * D + 4 * c, vsrc, valid);
+    }
+    cp_async_commit();
+  };
+
+  // PV accumulators: thread t keeps dims [4 dg, 4 dg + 4) of vectors [vbase, vbase + kVpt).
+  constexpr int kDimGroups = D / 4;
+  constexpr int kVpt = kTileVectors / (kThreads / kDimGroups);
+  const int dg = t % kDimGroups, vbase = (t / kDimGroups) * kVpt;
+  float4 acc[kVpt];
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+  const int n_key_tiles = (key_end - key_begin + kKeyTile - 1) / kKeyTile;
+  stage(0);
+  for (int it = 0; it < n_key_tiles; ++it) {
+    if (it + 1 < n_key_tiles) {
+      stage(it + 1);  // overlaps this tile's math; its buffer was last read before the
+                      // previous iteration's closing barrier
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile `it` (and, the first time, q_s / qpos_s / m_s) visible to all
+    const float* kb = k_s + (it & 1) * kKeyTile * S::kKStride;
+    const float* vb = v_s + (it & 1) * kKeyTile * D;
+    const int kt = key_begin + it * kKeyTile;
+
+    // Scores: lane = key, warp w takes vectors w, w + 4, w + 8, w + 12 (those below n_vec).
+    {
+      const int mine = n_vec > warp ? (n_vec - warp + 3) / 4 : 0;
+      float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const float* k_row = kb + lane * S::kKStride;
+      switch (mine) {
+        case 4:
+          score_dots<D, 4>(q_s, k_row, warp, dot);
+          break;
+        case 3:
+          score_dots<D, 3>(q_s, k_row, warp, dot);
+          break;
+        case 2:
+          score_dots<D, 2>(q_s, k_row, warp, dot);
+          break;
+        case 1:
+          score_dots<D, 1>(q_s, k_row, warp, dot);
+          break;
+        default:
+          break;
+      }
+      const int pos = kt + lane;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int v = warp + 4 * i;
+        if (i < mine) {
+          const bool visible = pos < key_end && pos <= qpos_s[v];  // causal
+          sc_s[v * kKeyTile + lane] = visible ? dot[i] : -INFINITY;
+        }
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: 8 threads per vector, 4 keys each.
+    {
+      const int v = t / 8, q8 = t % 8;
+      const float m_old = m_s[v];
+      float4 sv = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      if (v < n_vec) sv = *reinterpret_cast<const float4*>(sc_s + v * kKeyTile + 4 * q8);
+      float mx = fmaxf(fmaxf(sv.x, sv.y), fmaxf(sv.z, sv.w));
+      for (int o = 1; o < 8; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_new = fmaxf(m_old, mx);
+      // No key visible yet (m_new = -inf): exp(-inf - -inf) would be NaN, so keep all at zero.
+      const bool none = m_new == -INFINITY;
+      const float alpha = none ? 1.0f : expf(m_old - m_new);
+      const float p0 = none ? 0.0f : expf(sv.x - m_new);
+      const float p1 = none ? 0.0f : expf(sv.y - m_new);
+      const float p2 = none ? 0.0f : expf(sv.z - m_new);
+      const float p3 = none ? 0.0f : expf(sv.w - m_new);
+      float sum = (p0 + p1) + (p2 + p3);
+      for (int o = 1; o < 8; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      p_s[(4 * q8 + 0) * S::kPStride + v] = p0;
+      p_s[(4 * q8 + 1) * S::kPStride + v] = p1;
+      p_s[(4 * q8 + 2) * S::kPStride + v] = p2;
+      p_s[(4 * q8 + 3) * S::kPStride + v] = p3;
+      __syncwarp();  // the group's reads of m_s[v] above precede the write below
+      if (q8 == 0) {
+        m_s[v] = m_new;
+        l_s[v] = l_s[v] * alpha + sum;
+        alpha_s[v] = alpha;
+      }
+    }
+    __syncthreads();
+
+    // acc = acc * alpha + P V over the tile's keys (zero-filled rows past key_end have p = 0).
+    if (vbase < n_vec) {
+#pragma unroll
+      for (int i = 0; i < kVpt; ++i) {
+        const float al = alpha_s[vbase + i];
+        acc[i].x *= al;
+        acc[i].y *= al;
+        acc[i].z *= al;
+        acc[i].w *= al;
+      }
+#pragma unroll 4
+      for (int j = 0; j < kKeyTile; ++j) {
+        const float4 vv = reinterpret_cast<const float4*>(vb + j * D)[dg];
+        const float* pj = p_s + j * S::kPStride + vbase;
+        float p[kVpt];
+        if constexpr (kVpt % 4 == 0) {
+#pragma unroll
+          for (int i = 0; i < kVpt; i += 4) {
+            const float4 p4 = *reinterpret_cast<const float4*>(pj + i);
+            p[i] = p4.x;
+            p[i + 1] = p4.y;
+            p[i + 2] = p4.z;
+            p[i + 3] = p4.w;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVpt; ++i) p[i] = pj[i];
+        }
+#pragma unroll
+        for (int i = 0; i < kVpt; ++i) {
+          acc[i].x = fmaf(p[i], vv.x, acc[i].x);
+          acc[i].y = fmaf(p[i], vv.y, acc[i].y);
+          acc[i].z = fmaf(p[i], vv.z, acc[i].z);
+          acc[i].w = fmaf(p[i], vv.w, acc[i].w);
+        }
+      }
+    }
+    __syncthreads();  // buffers and p_s are rewritten next iteration
+  }
+
+  // Results of the tile's vectors (m_s / l_s final after the last barrier).
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) {
+    const int v = vbase + i;
+    if (v >= n_vec) break;
+    const int vg = vec0 + v, r = vg / G, h = g * G + vg % G;
+    if constexpr (kSplit) {
+      const int64_t slot = (int64_t{s} * a.n_splits + blockIdx.x) * a.part_rows * a.n_head +
+                           int64_t{r} * a.n_head + h;
+      reinterpret_cast<float4*>(a.part_acc + slot * D)[dg] = acc[i];
+      if (dg == 0) {
+        a.part_ml[slot * 2] = m_s[v];
+        a.part_ml[slot * 2 + 1] = l_s[v];
+      }
+    } else {
+      const float inv = 1.0f / l_s[v];  // > 0: every row sees at least its own key
+      const float4 o = make_float4(acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv);
+      reinterpret_cast<float4*>(a.out + ((int64_t{sp.begin} + r) * a.n_head + h) * D)[dg] = o;
+    }
+  }
+}
+
+// Merges the chunks of each split span: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
+// One block per (span, KV head).
+template <int D>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
+  __shared__ float weight_s[kTileVectors][kMaxSplits];
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int s = blockIdx.x, g = blockIdx.y, G = a.group;
+  const Span sp = a.spans[s];
+  if (!is_split_span(sp.count, G)) return;
+  const int n_kv = sp.n_past + sp.count;
+  const int n_active = (n_kv + split_chunk(n_kv, a.n_splits) - 1) / split_chunk(n_kv, a.n_splits);
+  const int n_vec = sp.count * G;
+  const int64_t span_base = int64_t{s} * a.n_splits * a.part_rows * a.n_head;
+  const int64_t split_stride = int64_t{a.part_rows} * a.n_head;
+  auto slot_of = [&](int v) { return int64_t{v / G} * a.n_head + g * G + v % G; };
+
+  // Per vector, the weight of each chunk. Chunk 0 holds key 0, which every row sees, so M is
+  // finite; a chunk whose keys a row cannot see has m = -inf and gets weight 0.
+  for (int v = warp; v < n_vec; v += kThreads / 32) {
+    const int64_t slot = span_base + slot_of(v);
+    float M = -INFINITY;
+    for (int p = lane; p < n_active; p += 32)
+      M = fmaxf(M, a.part_ml[(slot + p * split_stride) * 2]);
+    for (int o = 16; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f;
+    for (int p = lane; p < n_active; p += 32) {
+      const float* ml = a.part_ml + (slot + p * split_stride) * 2;
+      L += ml[1] * expf(ml[0] - M);
+    }
+    for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
+    for (int p = lane; p < n_active; p += 32) {
+      weight_s[v][p] = expf(a.part_ml[(slot + p * split_stride) * 2] - M) / L;
+    }
+  }
+  __syncthreads();
+
+  constexpr int kDimGroups = D / 4;
+  for (int idx = t; idx < n_vec * kDimGroups; idx += kThreads) {
+    const int v = idx / kDimGroups, c = idx % kDimGroups;
+    const int64_t slot = span_base + slot_of(v);
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int p = 0; p < n_active; ++p) {
+      const float w = weight_s[v][p];
+      const float4 x =
+          reinterpret_cast<const float4*>(a.part_acc + (slot + p * split_stride) * D)[c];
+      o.x = fmaf(w, x.x, o.x);
+      o.y = fmaf(w, x.y, o.y);
+      o.z = fmaf(w, x.z, o.z);
+      o.w = fmaf(w, x.w, o.w);
+    }
+    const int r = v / G, h = g * G + v % G;
+    reinterpret_cast<float4*>(a.out + ((int64_t{sp.begin} + r) * a.n_head + h) * D)[c] = o;
+  }
+}
+
+// Chunks per split span: enough blocks to fill the GPU for a few decode rows, never more than a
+// kMinChunk-key chunk of the longest context the slots can hold. Host-known bounds only.
+int split_count(const DeviceStep& step) {
+  const int64_t by_length = std::max<int64_t>(1, (step.max_tokens + kMinChunk - 1) / kMinChunk);
+  const int64_t by_occupancy =
+      (kSplitBlocksTarget + std::max(step.n_spans, 1) - 1) / std::max(step.n_spans, 1);
+  return static_cast<int>(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
+}
+
+// Rows of a split span, at most (the partials' row slots).
+int partial_rows(const DeviceStep& step) {
+  return static_cast<int>(std::clamp<int64_t>(step.max_span_count, 1, kTileVectors));
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+template <int D>
+void launch(const DeviceStep& step, const AttentionArgs& args, void* workspace,
+            cudaStream_t stream) {
+  const int group = args.n_head / args.n_head_kv;
+  const int n_splits = split_count(step);
+  const int part_rows = partial_rows(step);
+  float* part_acc = static_cast<float*>(workspace);
+  float* part_ml = part_acc + int64_t{step.n_spans} * n_splits * part_rows * args.n_head * D;
+  // Tile bound of the tiles launch: the vectors of the longest possible span.
+  const int64_t tiles = (step.max_span_count * group + kTileVectors - 1) / kTileVectors;
+  const KernelArgs ka{.spans = step.spans,
+                      .page_tables = step.page_tables,
+                      .page_table_stride = step.page_table_stride,
+                      .q = args.q,
+                      .q_stride = args.q_stride,
+                      .k = args.k,
+                      .v = args.v,
+                      .k_pages = args.kv.k,
+                      .v_pages = args.kv.v,
+                      .page_size = args.kv.page_size,
+                      .kv_dim = args.kv.kv_dim,
+                      .out = args.out,
+                      .n_head = args.n_head,
+                      .group = group,
+                      .scale = args.scale,
+                      .part_acc = part_acc,
+                      .part_ml = part_ml,
+                      .n_splits = n_splits,
+                      .part_rows = part_rows,
+                      .tiles_per_span = static_cast<int>(tiles)};
+  constexpr size_t smem = Smem<D>::kBytes;
+  // The opt-in above 48 KiB is a function attribute, not a stream operation (no synchronisation,
+  // allowed while a graph is captured); setting it every call keeps it right on every device.
+  QWENRT_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D, true>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QWENRT_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D, false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const unsigned n_spans = static_cast<unsigned>(step.n_spans);
+  const unsigned n_kv_heads = static_cast<unsigned>(args.n_head_kv);
+  attention_kernel<D, true>
+      <<<dim3(static_cast<unsigned>(n_splits), n_spans, n_kv_heads), kThreads, smem, stream>>>(ka);
+  QWENRT_CUDA_CHECK_LAUNCH();
+  combine_kernel<D><<<dim3(n_spans, n_kv_heads), kThreads, 0, stream>>>(ka);
+  QWENRT_CUDA_CHECK_LAUNCH();
+  // Only when a span may be too long for the split shape.
+  if (step.max_span_count > kTileVectors / group) {
+    attention_kernel<D, false>
+        <<<dim3(static_cast<unsigned>(tiles), n_spans, n_kv_heads), kThreads, smem, stream>>>(ka);
+    QWENRT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+int64_t attention_workspace_bytes(const DeviceStep& step, int n_head, int head_dim) {
+  if (step.n == 0 || step.n_spans == 0) return 0;
+  return int64_t{step.n_spans} * split_count(step) * partial_rows(step) * n_head * (head_dim + 2) *
+         4;
+}
+
+void attention(const DeviceStep& step, const AttentionArgs& args, void* workspace,
+               cudaStream_t stream) {
+  const std::string where = "cuda attention: ";
+  if (args.n_head_kv <= 0 || args.n_head <= 0 || args.n_head % args.n_head_kv != 0) {
+    cuda_fail(where + "n_head " + std::to_string(args.n_head) + " is not a multiple of n_head_kv " +
+              std::to_string(args.n_head_kv));
+  }
+  if (args.head_dim != 64 && args.head_dim != 128 && args.head_dim != 256) {
+    cuda_fail(where + "head_dim " + std::to_string(args.head_dim) +
+              " is not supported (64, 128 or 256)");
+  }
+  if (args.kv.kv_dim != int64_t{args.n_head_kv} * args.head_dim) {
+    cuda_fail(where + "the KV pool rows hold " + std::to_string(args.kv.kv_dim) +
+              " floats, expected n_head_kv * head_dim = " +
+              std::to_string(int64_t{args.n_head_kv} * args.head_dim));
+  }
+  if (args.kv.page_size <= 0) {
+    cuda_fail(where + "page_size " + std::to_string(args.kv.page_size) + " must be positive");
+  }
+  if (step.n == 0 || step.n_spans == 0) return;
+  if (step.n_spans > kMaxGridYZ || args.n_head_kv > kMaxGridYZ) {
+    cuda_fail(where + std::to_string(step.n_spans) + " spans or " + std::to_string(args.n_head_kv) +
+              " KV heads exceed the grid limit of " + std::to_string(kMaxGridYZ));
+  }
+  if (step.max_span_count <= 0 || step.max_tokens <= 0) {
+    cuda_fail(where + "the step's bounds max_span_count " + std::to_string(step.max_span_count) +
+              " and max_tokens " + std::to_string(step.max_tokens) + " must be positive");
+  }
+  // float4 and cp.async access: 16-byte aligned rows (head_dim is a multiple of 4 floats).
+  if (!aligned16(args.k) || !aligned16(args.v) || !aligned16(args.kv.k) || !aligned16(args.kv.v) ||
+      !aligned16(args.out) || !aligned16(workspace)) {
+    cuda_fail(where + "k, v, the KV pools, out and the workspace must be 16-byte aligned");
+  }
+  switch (args.head_dim) {
+    case 64:
+      launch<64>(step, args, workspace, stream);
+      break;
+    case 128:
+      launch<128>(step, args, workspace, stream);
+      break;
+    default:
+      launch<256>(step, args, workspace, stream);
+      break;
+  }
+}
+
+}  // namespace qwenrt::ops::cuda
