@@ -1,0 +1,164 @@
+// Weight-streaming bandwidth of the CUDA GEMV kernels (ops/cuda/matmul.cu) for batch-1..8 decode:
+// for every type with a kernel, the shapes that dominate a decode step (lm head 2048 x 248320,
+// FFN up 5120 x 17408 and down 17408 x 5120, and 8 routed 2048 x 512 experts through
+// experts_swiglu), n = 1, 4, 8 activation rows. Each launch is timed with CUDA events over many
+// reps that rotate among enough weight copies to exceed the 60 MB L2, and reported as weight
+// bytes per second and the share of the 4.27 TB/s measured copy bandwidth.
+//
+//   cuda_gemv_bench [reps]   (default 50)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "ops/cuda/kernels.h"
+
+namespace {
+
+using qwenrt::DType;
+using namespace qwenrt::ops::cuda;
+
+constexpr double kRooflineGBs = 4270.0;
+constexpr int64_t kRotateBytes = 256ll << 20;  // rotate over at least this much weight data
+constexpr int64_t kMaxCopyBytes = 6ll << 30;   // but hold no more than this at once
+
+#define BENCH_CUDA(expr)                                                                     \
+  do {                                                                                       \
+    const cudaError_t bench_err_ = (expr);                                                   \
+    if (bench_err_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(bench_err_), \
+                   __FILE__, __LINE__);                                                      \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+struct TypeInfo {
+  DType type;
+  const char* name;
+  int block_elems, block_bytes;
+};
+const TypeInfo kTypes[] = {{DType::Q4_K, "Q4_K", 256, 144}, {DType::Q5_K, "Q5_K", 256, 176},
+                           {DType::Q6_K, "Q6_K", 256, 210}, {DType::IQ4_XS, "IQ4_XS", 256, 136},
+                           {DType::Q8_0, "Q8_0", 32, 34},   {DType::Q4_0, "Q4_0", 32, 18},
+                           {DType::F16, "F16", 1, 2},       {DType::BF16, "BF16", 1, 2},
+                           {DType::F32, "F32", 1, 4}};
+
+struct Shape {
+  const char* name;
+  int64_t in, out;
+  bool experts;  // 8 routed experts of 256 per row through experts_swiglu (gate + up)
+};
+const Shape kShapes[] = {{"2048x248320", 2048, 248320, false},
+                         {"5120x17408", 5120, 17408, false},
+                         {"17408x5120", 17408, 5120, false},
+                         {"2048x512 x8 experts", 2048, 512, true}};
+constexpr int kExperts = 256, kTopK = 8;
+
+// One weight copy: a matrix (or a gate and an up expert tensor) filled with a constant byte,
+// which decodes to small finite values for every type.
+struct Copy {
+  void* gate = nullptr;
+  void* up = nullptr;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreate(&stream));
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+
+  std::printf("%-8s %-20s %2s %10s %9s %7s\n", "type", "shape", "n", "us/launch", "GB/s", "% peak");
+  for (const Shape& s : kShapes) {
+    for (const TypeInfo& t : kTypes) {
+      const int64_t row_bytes = s.in / t.block_elems * t.block_bytes;
+      const int64_t n_mat = s.experts ? kExperts : 1;
+      const int64_t tensor_bytes = row_bytes * s.out * n_mat;
+      const int64_t copy_bytes = tensor_bytes * (s.experts ? 2 : 1);
+      int n_copies =
+          static_cast<int>(std::max<int64_t>(2, (kRotateBytes + copy_bytes - 1) / copy_bytes));
+      n_copies = static_cast<int>(
+          std::min<int64_t>(n_copies, std::max<int64_t>(1, kMaxCopyBytes / copy_bytes)));
+      std::vector<Copy> copies(n_copies);
+      for (Copy& c : copies) {
+        BENCH_CUDA(cudaMalloc(&c.gate, tensor_bytes));
+        BENCH_CUDA(cudaMemset(c.gate, 0x11, tensor_bytes));
+        if (s.experts) {
+          BENCH_CUDA(cudaMalloc(&c.up, tensor_bytes));
+          BENCH_CUDA(cudaMemset(c.up, 0x11, tensor_bytes));
+        }
+      }
+      for (int n : {1, 4, 8}) {
+        Matrix w{.dtype = t.type,
+                 .in = s.in,
+                 .out = s.out,
+                 .n_expert = n_mat,
+                 .row_bytes = row_bytes,
+                 .expert_bytes = row_bytes * s.out,
+                 .data = nullptr};
+        const int64_t x_rows = n;
+        const int64_t y_rows = s.experts ? int64_t{n} * kTopK : n;
+        std::vector<float> hx(x_rows * s.in);
+        for (size_t i = 0; i < hx.size(); ++i) hx[i] = float((i * 7919) % 1000) / 500.0f - 1.0f;
+        // Distinct experts for every (row, choice), so each pair streams its own weights.
+        std::vector<int32_t> hids(int64_t{n} * kTopK);
+        for (size_t i = 0; i < hids.size(); ++i)
+          hids[i] = static_cast<int32_t>((i * 37) % kExperts);
+        float *x, *y;
+        int32_t* ids;
+        void* ws;
+        const int64_t ws_bytes = std::max<int64_t>(16, matmul_workspace_bytes(w, x_rows));
+        BENCH_CUDA(cudaMalloc(&x, hx.size() * 4));
+        BENCH_CUDA(cudaMalloc(&y, y_rows * s.out * 4));
+        BENCH_CUDA(cudaMalloc(&ids, hids.size() * 4));
+        BENCH_CUDA(cudaMalloc(&ws, ws_bytes));
+        BENCH_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        BENCH_CUDA(cudaMemcpy(ids, hids.data(), hids.size() * 4, cudaMemcpyHostToDevice));
+
+        auto launch = [&](int rep) {
+          const Copy& c = copies[rep % n_copies];
+          Matrix gw = w;
+          gw.data = c.gate;
+          if (s.experts) {
+            Matrix uw = gw;
+            uw.data = c.up;
+            experts_swiglu(gw, uw, ids, kTopK, x, y, n, ws, stream);
+          } else {
+            matmul(gw, x, y, n, ws, stream);
+          }
+        };
+        for (int r = 0; r < n_copies + 2; ++r) launch(r);  // warm-up
+        BENCH_CUDA(cudaEventRecord(start, stream));
+        for (int r = 0; r < reps; ++r) launch(r);
+        BENCH_CUDA(cudaEventRecord(stop, stream));
+        BENCH_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        const double us = 1e3 * ms / reps;
+        // Weight bytes one launch reads: the matrix, or gate + up of n * 8 experts.
+        const double bytes =
+            s.experts ? 2.0 * n * kTopK * row_bytes * s.out : double(row_bytes) * s.out;
+        const double gbs = bytes / (us * 1e-6) / 1e9;
+        std::printf("%-8s %-20s %2d %10.2f %9.1f %6.1f%%\n", t.name, s.name, n, us, gbs,
+                    100.0 * gbs / kRooflineGBs);
+        BENCH_CUDA(cudaFree(x));
+        BENCH_CUDA(cudaFree(y));
+        BENCH_CUDA(cudaFree(ids));
+        BENCH_CUDA(cudaFree(ws));
+      }
+      for (Copy& c : copies) {
+        BENCH_CUDA(cudaFree(c.gate));
+        if (c.up) BENCH_CUDA(cudaFree(c.up));
+      }
+    }
+  }
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}

@@ -1,0 +1,720 @@
+// Matmul kernels of the CUDA backend (kernels.h, "Matmul"): y [n, out] = x [n, in] @ W^T for the
+// types with kernels, the fused SwiGLU of a dense FFN / shared expert, the routed experts, and the
+// embedding lookup.
+//
+// Design (batch-1 decode is a stream over the weights, so everything is a GEMV):
+// - Quantised weights: x is quantised once per input to int8 blocks of 32 with an fp32 scale
+//   (quantize_q8_kernel, its own launch) and dotted against the weight blocks with dp4a
+//   (quant_blocks.cuh). F32 / F16 / BF16 weights read x in fp32.
+// - A GEMV block is 128 threads split into teams of ts = 16..128 threads, one output row per team
+//   (rows_per_block = 128 / ts, chosen from the row length so every thread has a few 16-byte
+//   units to load); a team's threads take consecutive units of its row, two loads in flight each,
+//   then reduce with shuffles (and shared memory across warps). Every activation row of the pass
+//   (NR = 1..8, a template argument) is dotted against each unit while it sits in registers, so
+//   the weights are read once for the whole batch.
+// - n > 8 (prefill): the same kernel over chunks of 8 rows (plus one launch for the n % 8 tail);
+//   a block's chunk index varies fastest, so the blocks that read the same weight rows run
+//   together and the weights come from DRAM about once (the rest hits L2). Compute-bound on dp4a;
+//   a tiled tensor-core GEMM is the known next step.
+// - Grid sizes depend only on shapes; expert ids, token ids and routing weights are read on the
+//   device, so every launcher is capturable into a CUDA graph.
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "core/error.h"
+#include "ops/cuda/check.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/quant_blocks.cuh"
+
+namespace qwenrt::ops::cuda {
+namespace {
+
+constexpr int kThreads = 128;  // threads per GEMV block (4 warps)
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxRows = 8;  // activation rows per pass over the weights
+constexpr int kMaxJobs = 8;  // matrices of one matmul_group launch
+constexpr int kMaxGridY = 65535;
+
+bool is_quantised(DType t) {
+  switch (t) {
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::IQ4_XS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// core/error.h's fail() with the format checked at run time: nvcc cannot evaluate fmt's
+// consteval format-string check.
+template <class... Args>
+[[noreturn]] void bad_call(const char* format, Args&&... args) {
+  fail(fmt::runtime(format), std::forward<Args>(args)...);
+}
+
+int64_t align256(int64_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+bool aligned(const void* p, int64_t a) {
+  return reinterpret_cast<uintptr_t>(p) % a == 0;
+}
+
+// ---- Float weights ----------------------------------------------------------------------------
+// Element access for F32 / F16 / BF16 rows: `elem` at any alignment the type allows, `unpack` of
+// one 16-byte vector (kPerVec elements) when the rows are 16-byte aligned.
+struct F32W {
+  static constexpr int kPerVec = 4;
+  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
+    return __ldg(reinterpret_cast<const float*>(row) + i);
+  }
+  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
+    f[0] = __int_as_float(v.x);
+    f[1] = __int_as_float(v.y);
+    f[2] = __int_as_float(v.z);
+    f[3] = __int_as_float(v.w);
+  }
+};
+struct F16W {
+  static constexpr int kPerVec = 8;
+  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
+    return qb::half_bits_to_float(qb::load2(row + 2 * i));
+  }
+  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
+    const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = qb::half_bits_to_float(w[i] & 0xffff);
+      f[2 * i + 1] = qb::half_bits_to_float(w[i] >> 16);
+    }
+  }
+};
+struct BF16W {
+  static constexpr int kPerVec = 8;
+  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
+    return qb::bf16_bits_to_float(qb::load2(row + 2 * i));
+  }
+  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
+    const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+};
+
+// ---- What the kernels read ----------------------------------------------------------------------
+// The activations of a pass: row r's int8 values at q + r * in, scales at d + r * in / 32, and the
+// fp32 row at x + r * in (float weights use x; quantised ones q and d).
+struct Acts {
+  const int8_t* q;
+  const float* d;
+  const float* x;
+  int64_t in;
+};
+__host__ __device__ inline Acts shift_rows(Acts a, int64_t rows) {
+  a.q = a.q ? a.q + rows * a.in : nullptr;
+  a.d = a.d ? a.d + rows * (a.in / qb::kActBlock) : nullptr;
+  a.x = a.x ? a.x + rows * a.in : nullptr;
+  return a;
+}
+
+// A weight matrix as a kernel reads it; vec: float rows may be read 16 bytes at a time.
+struct MatArg {
+  const uint8_t* data;
+  int64_t row_bytes, expert_bytes, out, n_expert;
+  DType dtype;
+  bool vec;
+};
+
+// Float rows are read 16 bytes at a time when every row and x row start 16-byte aligned.
+bool float_vec_ok(const Matrix& w, const float* x) {
+  const int per_vec = w.dtype == DType::F32 ? 4 : 8;
+  return aligned(w.data, 16) && w.row_bytes % 16 == 0 && w.in % per_vec == 0 &&
+         (w.n_expert <= 1 || w.expert_bytes % 16 == 0) && aligned(x, 16);
+}
+
+// Units of one row a team shares out (the loop trip count the team size is chosen from).
+int64_t row_units(const Matrix& w, bool vec) {
+  switch (w.dtype) {
+    case DType::Q8_0:
+      return w.in / 16;
+    case DType::F32:
+      return vec ? w.in / 4 : w.in;
+    case DType::F16:
+    case DType::BF16:
+      return vec ? w.in / 8 : w.in;
+    default:
+      return w.in / 32;  // Q4_K, Q5_K, Q6_K, IQ4_XS: 8 units of 32 per 256; Q4_0: 1 per 32
+  }
+}
+
+// Threads per output row: enough units per thread to keep two loads in flight, teams as small as
+// 16 for short rows (a 512-wide expert down row is 16 Q4_K units).
+int team_size(int64_t units) {
+  if (units <= 32) return 16;
+  if (units <= 96) return 32;
+  if (units <= 256) return 64;
+  return 128;
+}
+
+// Shapes and alignment the kernels rely on, checked once per call on the host.
+MatArg mat_arg(const Matrix& w, const float* x, const char* what) {
+  if (!has_kernel(w.dtype)) bad_call("{}: no CUDA matmul kernel for {}", what, dtype_name(w.dtype));
+  if (w.in <= 0 || w.out <= 0) bad_call("{}: empty matrix [{}, {}]", what, w.in, w.out);
+  const auto& tr = traits(w.dtype);
+  if (w.in % tr.block_elems != 0)
+    bad_call("{}: in = {} is not a multiple of {}'s block of {}", what, w.in, dtype_name(w.dtype),
+             tr.block_elems);
+  // Q4_K / Q5_K units are 16-byte loads, IQ4_XS 8-byte, the rest 2-byte (F32 4-byte).
+  const int64_t need = w.dtype == DType::Q4_K || w.dtype == DType::Q5_K ? 16
+                       : w.dtype == DType::IQ4_XS                       ? 8
+                       : w.dtype == DType::F32                          ? 4
+                                                                        : 2;
+  if (!aligned(w.data, need) || w.row_bytes % need != 0 ||
+      (w.n_expert > 1 && w.expert_bytes % need != 0))
+    bad_call("{}: {} rows must be {}-byte aligned (data {}, row_bytes {}, expert_bytes {})", what,
+             dtype_name(w.dtype), need, w.data, w.row_bytes, w.expert_bytes);
+  const bool vec = !is_quantised(w.dtype) && float_vec_ok(w, x);
+  return {.data = static_cast<const uint8_t*>(w.data),
+          .row_bytes = w.row_bytes,
+          .expert_bytes = w.expert_bytes,
+          .out = w.out,
+          .n_expert = w.n_expert,
+          .dtype = w.dtype,
+          .vec = vec};
+}
+
+// ---- Per-thread partial dot products --------------------------------------------------------
+// acc[r] += this thread's share (units lane, lane + ts, ...) of row . activation row r.
+template <class T, int NR>
+__device__ __forceinline__ void quant_partial(const uint8_t* row, const Acts& a, int lane, int ts,
+                                              float (&acc)[NR]) {
+  const int64_t units = a.in / T::kElems * T::kUnits;
+  for (int64_t u0 = lane; u0 < units; u0 += 2 * ts) {
+    // Both units' weight loads are issued before either is used: two loads in flight a thread.
+    const int64_t u1 = u0 + ts;
+    const bool has1 = u1 < units;
+    const int64_t b0 = u0 / T::kUnits, b1 = u1 / T::kUnits;
+    const int j0 = int(u0 % T::kUnits), j1 = int(u1 % T::kUnits);
+    const typename T::Unit w0 = T::load(row + b0 * T::kBytes, j0);
+    const typename T::Unit w1 = has1 ? T::load(row + b1 * T::kBytes, j1) : w0;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      const int64_t e0 = r * a.in + b0 * T::kElems;
+      acc[r] += T::dot(w0, j0, a.q + e0, a.d + e0 / qb::kActBlock);
+    }
+    if (has1) {
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        const int64_t e1 = r * a.in + b1 * T::kElems;
+        acc[r] += T::dot(w1, j1, a.q + e1, a.d + e1 / qb::kActBlock);
+      }
+    }
+  }
+}
+
+template <class F, int NR>
+__device__ __forceinline__ void float_partial(bool vec, const uint8_t* row, const Acts& a, int lane,
+                                              int ts, float (&acc)[NR]) {
+  if (vec) {
+    const int64_t units = a.in / F::kPerVec;
+    for (int64_t u = lane; u < units; u += ts) {
+      float w[F::kPerVec];
+      F::unpack(qb::load16(row + 16 * u), w);
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        const float4* xr = reinterpret_cast<const float4*>(a.x + r * a.in + u * F::kPerVec);
+#pragma unroll
+        for (int v = 0; v < F::kPerVec / 4; ++v) {
+          const float4 xv = xr[v];
+          acc[r] +=
+              w[4 * v] * xv.x + w[4 * v + 1] * xv.y + w[4 * v + 2] * xv.z + w[4 * v + 3] * xv.w;
+        }
+      }
+    }
+  } else {
+    for (int64_t i = lane; i < a.in; i += ts) {
+      const float w = F::elem(row, i);
+#pragma unroll
+      for (int r = 0; r < NR; ++r) acc[r] += w * a.x[r * a.in + i];
+    }
+  }
+}
+
+// The type is a runtime value uniform over the block (one branch per row), so one kernel serves
+// a group of projections of mixed types.
+template <int NR>
+__device__ __forceinline__ void row_partial(const MatArg& m, const uint8_t* row, const Acts& a,
+                                            int lane, int ts, float (&acc)[NR]) {
+  switch (m.dtype) {
+    case DType::Q4_K:
+      quant_partial<qb::Q4K, NR>(row, a, lane, ts, acc);
+      break;
+    case DType::Q5_K:
+      quant_partial<qb::Q5K, NR>(row, a, lane, ts, acc);
+      break;
+    case DType::Q6_K:
+      quant_partial<qb::Q6K, NR>(row, a, lane, ts, acc);
+      break;
+    case DType::Q8_0:
+      quant_partial<qb::Q80, NR>(row, a, lane, ts, acc);
+      break;
+    case DType::Q4_0:
+      quant_partial<qb::Q40, NR>(row, a, lane, ts, acc);
+      break;
+    case DType::IQ4_XS:
+      quant_partial<qb::IQ4XS, NR>(row, a, lane, ts, acc);
+      break;
+    case DType::F32:
+      float_partial<F32W, NR>(m.vec, row, a, lane, ts, acc);
+      break;
+    case DType::F16:
+      float_partial<F16W, NR>(m.vec, row, a, lane, ts, acc);
+      break;
+    case DType::BF16:
+      float_partial<BF16W, NR>(m.vec, row, a, lane, ts, acc);
+      break;
+    default:
+      break;  // has_kernel() was checked on the host
+  }
+}
+
+// Sums v over each team of ts threads (aligned runs of threads, ts in 16..128); the team's first
+// thread ends with the sums. Every thread of the block must call it (it may __syncthreads).
+// The order of additions is fixed, so results are deterministic.
+template <int NV>
+__device__ __forceinline__ void team_sum(float (&v)[NV], int ts, float (&smem)[kWarps][NV]) {
+  const int width = ts < 32 ? ts : 32;
+  for (int off = width / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
+  }
+  if (ts > 32) {  // ts is uniform over the block, so every thread takes this branch or none
+    const int warp = threadIdx.x / 32;
+    __syncthreads();  // smem may still be read by a previous call's team leaders
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) smem[warp][i] = v[i];
+    }
+    __syncthreads();
+    if (threadIdx.x % ts == 0) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        float s = 0.0f;
+        for (int w = 0; w < ts / 32; ++w) s += smem[warp + w][i];
+        v[i] = s;
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+
+// ---- Activation quantisation ----------------------------------------------------------------
+// One warp per block of 32: d = max|x| / 127, q = round(x / d). n_blocks = n * in / 32 (rows are
+// contiguous and in is a multiple of 32, so a flat index is row-major). A NaN input gives a NaN
+// scale, so it reaches the output as the reference would.
+__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks,
+                                   int8_t* __restrict__ q, float* __restrict__ d) {
+  const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (blk >= n_blocks) return;  // uniform over the warp
+  const float v = x[blk * 32 + lane];
+  float amax = fabsf(v);
+  for (int off = 16; off > 0; off >>= 1)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const bool bad = __any_sync(0xffffffffu, isnan(v));
+  const float scale = bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  q[blk * 32 + lane] = static_cast<int8_t>(__float2int_rn(v * inv));
+  if (lane == 0) d[blk] = scale;
+}
+
+// The quantised activations' place in the workspace: q [rows, in], then d [rows, in / 32].
+struct QuantAct {
+  int8_t* q;
+  float* d;
+};
+int64_t quant_act_bytes(int64_t rows, int64_t in) {
+  return align256(rows * in) + align256(rows * in / qb::kActBlock * 4);
+}
+QuantAct quant_act_at(void* workspace, int64_t rows, int64_t in) {
+  if (!aligned(workspace, 16)) bad_call("matmul workspace {} is not 16-byte aligned", workspace);
+  auto* base = static_cast<int8_t*>(workspace);
+  return {base, reinterpret_cast<float*>(base + align256(rows * in))};
+}
+
+// Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
+// reads.
+Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* workspace,
+                  cudaStream_t stream) {
+  Acts a{nullptr, nullptr, x, in};
+  if (!needed || rows == 0) return a;
+  if (in % qb::kActBlock != 0) bad_call("matmul: in = {} is not a multiple of 32", in);
+  if (workspace == nullptr) bad_call("matmul: quantised weights need a workspace");
+  const QuantAct qa = quant_act_at(workspace, rows, in);
+  const int64_t n_blocks = rows * in / qb::kActBlock;
+  constexpr int kBlocksPerCta = 256 / 32;
+  const int64_t grid = (n_blocks + kBlocksPerCta - 1) / kBlocksPerCta;
+  quantize_q8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, n_blocks, qa.q, qa.d);
+  QWENRT_CUDA_CHECK_LAUNCH();
+  a.q = qa.q;
+  a.d = qa.d;
+  return a;
+}
+
+// ---- GEMV over a group of matrices --------------------------------------------------------------
+struct Job {
+  MatArg m;
+  float* y;             // [rows, y_stride]
+  int64_t y_stride;     // = m.out
+  int64_t first_block;  // the job's first row block
+};
+struct Group {
+  Job job[kMaxJobs];
+  int n_jobs;
+  int ts, rows_per_block;
+  int64_t n_chunks;  // passes of NR activation rows; block b is chunk b % n_chunks
+};
+
+template <int NR>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ Group g, Acts a) {
+  __shared__ float smem[kWarps][NR];
+  const int64_t chunk = blockIdx.x % g.n_chunks, row_block = blockIdx.x / g.n_chunks;
+  int j = 0;
+  while (j + 1 < g.n_jobs && row_block >= g.job[j + 1].first_block) ++j;
+  const Job& job = g.job[j];
+  const int team = threadIdx.x / g.ts, lane = threadIdx.x % g.ts;
+  const int64_t row = (row_block - job.first_block) * g.rows_per_block + team;
+  const Acts ac = shift_rows(a, chunk * NR);
+  float acc[NR] = {};
+  if (row < job.m.out)
+    row_partial<NR>(job.m, job.m.data + row * job.m.row_bytes, ac, lane, g.ts, acc);
+  team_sum<NR>(acc, g.ts, smem);
+  if (lane == 0 && row < job.m.out) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r) job.y[(chunk * NR + r) * job.y_stride + row] = acc[r];
+  }
+}
+
+// y = silu(x @ gate^T) * (x @ up^T): both rows of a team's output row in one pass.
+template <int NR>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_kernel(MatArg gate, MatArg up, float* y, int ts, int rows_per_block, int64_t n_chunks,
+                  Acts a) {
+  __shared__ float smem[kWarps][2 * NR];
+  const int64_t chunk = blockIdx.x % n_chunks, row_block = blockIdx.x / n_chunks;
+  const int team = threadIdx.x / ts, lane = threadIdx.x % ts;
+  const int64_t row = row_block * rows_per_block + team;
+  const Acts ac = shift_rows(a, chunk * NR);
+  float g[NR] = {}, u[NR] = {};
+  if (row < gate.out) {
+    row_partial<NR>(gate, gate.data + row * gate.row_bytes, ac, lane, ts, g);
+    row_partial<NR>(up, up.data + row * up.row_bytes, ac, lane, ts, u);
+  }
+  float v[2 * NR];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) {
+    v[r] = g[r];
+    v[NR + r] = u[r];
+  }
+  team_sum<2 * NR>(v, ts, smem);
+  if (lane == 0 && row < gate.out) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r) y[(chunk * NR + r) * gate.out + row] = silu(v[r]) * v[NR + r];
+  }
+}
+
+// Routed experts' gate/up: pair p = (row p / k, choice p % k) uses expert ids[p]; blockIdx.y
+// walks the pairs (stride gridDim.y), blockIdx.x the rows of ff. An id outside [0, n_expert)
+// writes NaN (moe_route never makes one; this keeps a bad id visible instead of reading past
+// the tensor).
+__global__ void __launch_bounds__(kThreads)
+    experts_swiglu_kernel(MatArg gate, MatArg up, const int32_t* __restrict__ ids, int k,
+                          float* __restrict__ y, int64_t n_pairs, int ts, int rows_per_block,
+                          Acts a) {
+  __shared__ float smem[kWarps][2];
+  const int team = threadIdx.x / ts, lane = threadIdx.x % ts;
+  const int64_t row = int64_t(blockIdx.x) * rows_per_block + team;
+  const int64_t ff = gate.out;
+  for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
+    const int32_t e = ids[p];
+    const bool ok = e >= 0 && e < gate.n_expert;
+    const Acts ac = shift_rows(a, p / k);
+    float g[1] = {0.0f}, u[1] = {0.0f};
+    if (row < ff && ok) {
+      row_partial<1>(gate, gate.data + e * gate.expert_bytes + row * gate.row_bytes, ac, lane, ts,
+                     g);
+      row_partial<1>(up, up.data + e * up.expert_bytes + row * up.row_bytes, ac, lane, ts, u);
+    }
+    float v[2] = {g[0], u[0]};
+    team_sum<2>(v, ts, smem);
+    if (lane == 0 && row < ff)
+      y[p * ff + row] = ok ? silu(v[0]) * v[1] : __int_as_float(0x7fc00000);
+  }
+}
+
+// Routed experts' down and the weighted sum over the k choices: a team owns one output row of
+// one token row and loops over the choices, so the sum needs no atomics and is deterministic.
+__global__ void __launch_bounds__(kThreads)
+    experts_down_kernel(MatArg down, const int32_t* __restrict__ ids,
+                        const float* __restrict__ weights, int k, float* __restrict__ y, int64_t n,
+                        int ts, int rows_per_block, Acts a) {
+  __shared__ float smem[kWarps][1];
+  const int team = threadIdx.x / ts, lane = threadIdx.x % ts;
+  const int64_t row = int64_t(blockIdx.x) * rows_per_block + team;
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    float acc[1] = {0.0f};
+    bool ok = true;
+    for (int j = 0; j < k; ++j) {
+      const int64_t p = t * k + j;
+      const int32_t e = ids[p];
+      if (e < 0 || e >= down.n_expert) {
+        ok = false;
+        continue;
+      }
+      if (row < down.out) {
+        float part[1] = {0.0f};
+        row_partial<1>(down, down.data + e * down.expert_bytes + row * down.row_bytes,
+                       shift_rows(a, p), lane, ts, part);
+        acc[0] += weights[p] * part[0];
+      }
+    }
+    team_sum<1>(acc, ts, smem);
+    if (lane == 0 && row < down.out)
+      y[t * down.out + row] = ok ? acc[0] : __int_as_float(0x7fc00000);
+  }
+}
+
+// Launches gemv_kernel<NR> for a runtime nr in 1..8.
+void launch_gemv(int nr, const Group& g, int64_t grid, const Acts& a, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(grid);
+  switch (nr) {
+#define QWENRT_GEMV_CASE(R)                                \
+  case R:                                                  \
+    gemv_kernel<R><<<blocks, kThreads, 0, stream>>>(g, a); \
+    break;
+    QWENRT_GEMV_CASE(1)
+    QWENRT_GEMV_CASE(2)
+    QWENRT_GEMV_CASE(3)
+    QWENRT_GEMV_CASE(4)
+    QWENRT_GEMV_CASE(5)
+    QWENRT_GEMV_CASE(6)
+    QWENRT_GEMV_CASE(7)
+    QWENRT_GEMV_CASE(8)
+#undef QWENRT_GEMV_CASE
+    default:
+      bad_call("launch_gemv: {} rows per pass", nr);
+  }
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+void launch_swiglu(int nr, const MatArg& gate, const MatArg& up, float* y, int ts, int rpb,
+                   int64_t n_chunks, int64_t grid, const Acts& a, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(grid);
+  switch (nr) {
+#define QWENRT_SWIGLU_CASE(R)                                                             \
+  case R:                                                                                 \
+    swiglu_kernel<R><<<blocks, kThreads, 0, stream>>>(gate, up, y, ts, rpb, n_chunks, a); \
+    break;
+    QWENRT_SWIGLU_CASE(1)
+    QWENRT_SWIGLU_CASE(2)
+    QWENRT_SWIGLU_CASE(3)
+    QWENRT_SWIGLU_CASE(4)
+    QWENRT_SWIGLU_CASE(5)
+    QWENRT_SWIGLU_CASE(6)
+    QWENRT_SWIGLU_CASE(7)
+    QWENRT_SWIGLU_CASE(8)
+#undef QWENRT_SWIGLU_CASE
+    default:
+      bad_call("launch_swiglu: {} rows per pass", nr);
+  }
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+// Runs `launch(nr, n_chunks, row0)` over n rows: full passes of 8 rows in one launch, then the
+// n % 8 tail (row0 is where the tail's rows start).
+template <class Launch>
+void over_row_chunks(int64_t n, Launch&& launch) {
+  const int64_t full = n / kMaxRows, tail = n % kMaxRows;
+  if (full > 0) launch(kMaxRows, full, int64_t{0});
+  if (tail > 0) launch(static_cast<int>(tail), int64_t{1}, full * kMaxRows);
+}
+
+void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* workspace,
+               cudaStream_t stream) {
+  if (n <= 0) return;
+  if (n_p < 1 || n_p > kMaxJobs) bad_call("matmul_group: {} projections (1..{})", n_p, kMaxJobs);
+  const int64_t in = p[0].w.in;
+  bool any_quant = false;
+  int64_t max_units = 0;
+  Group g{};
+  g.n_jobs = n_p;
+  for (int i = 0; i < n_p; ++i) {
+    if (p[i].w.in != in)
+      bad_call("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in, in);
+    g.job[i].m = mat_arg(p[i].w, x, "matmul");
+    g.job[i].y = p[i].y;
+    g.job[i].y_stride = p[i].w.out;
+    any_quant = any_quant || is_quantised(p[i].w.dtype);
+    max_units = std::max(max_units, row_units(p[i].w, g.job[i].m.vec));
+  }
+  g.ts = team_size(max_units);
+  g.rows_per_block = kThreads / g.ts;
+  int64_t blocks = 0;
+  for (int i = 0; i < n_p; ++i) {
+    g.job[i].first_block = blocks;
+    blocks += (p[i].w.out + g.rows_per_block - 1) / g.rows_per_block;
+  }
+  const Acts a = prepare_acts(x, n, in, any_quant, workspace, stream);
+  over_row_chunks(n, [&](int nr, int64_t n_chunks, int64_t row0) {
+    Group gc = g;
+    gc.n_chunks = n_chunks;
+    for (int i = 0; i < n_p; ++i) gc.job[i].y += row0 * gc.job[i].y_stride;
+    launch_gemv(nr, gc, blocks * n_chunks, shift_rows(a, row0), stream);
+  });
+}
+
+// ---- Embedding ----------------------------------------------------------------------------------
+template <class T>
+struct QuantElem {
+  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
+    return qb::dequant_element<T>(row, i);
+  }
+};
+
+// out [n, dim] = rows tokens[0..n) of the table; blockIdx.y walks tokens (stride gridDim.y).
+template <class E>
+__global__ void embed_kernel(const uint8_t* __restrict__ table, int64_t row_bytes, int64_t n_vocab,
+                             int64_t dim, const int32_t* __restrict__ tokens, int64_t n,
+                             float* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= dim) return;
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    const int32_t id = tokens[t];
+    // Ids are checked on the host; one outside the table still must not read past it.
+    out[t * dim + i] =
+        id >= 0 && id < n_vocab ? E::elem(table + id * row_bytes, i) : __int_as_float(0x7fc00000);
+  }
+}
+
+}  // namespace
+
+bool has_kernel(DType type) {
+  return is_quantised(type) || type == DType::F32 || type == DType::F16 || type == DType::BF16;
+}
+
+int64_t matmul_workspace_bytes(const Matrix& w, int64_t n) {
+  return is_quantised(w.dtype) ? quant_act_bytes(n, w.in) : 0;
+}
+
+void matmul(const Matrix& w, const float* x, float* y, int64_t n, void* workspace,
+            cudaStream_t stream) {
+  const Projection p{.w = w, .y = y};
+  run_group(&p, 1, x, n, workspace, stream);
+}
+
+int64_t matmul_group_workspace_bytes(const Projection* p, int n_p, int64_t n) {
+  int64_t bytes = 0;
+  for (int i = 0; i < n_p; ++i) bytes = std::max(bytes, matmul_workspace_bytes(p[i].w, n));
+  return bytes;
+}
+
+void matmul_group(const Projection* p, int n_p, const float* x, int64_t n, void* workspace,
+                  cudaStream_t stream) {
+  run_group(p, n_p, x, n, workspace, stream);
+}
+
+void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* y, int64_t n,
+                   void* workspace, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (gate.in != up.in || gate.out != up.out)
+    bad_call("matmul_swiglu: gate [{}, {}] and up [{}, {}] differ", gate.in, gate.out, up.in,
+             up.out);
+  const MatArg g = mat_arg(gate, x, "matmul_swiglu gate"), u = mat_arg(up, x, "matmul_swiglu up");
+  const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
+  const int rpb = kThreads / ts;
+  const int64_t row_blocks = (gate.out + rpb - 1) / rpb;
+  const Acts a = prepare_acts(x, n, gate.in, is_quantised(gate.dtype) || is_quantised(up.dtype),
+                              workspace, stream);
+  over_row_chunks(n, [&](int nr, int64_t n_chunks, int64_t row0) {
+    launch_swiglu(nr, g, u, y + row0 * gate.out, ts, rpb, n_chunks, row_blocks * n_chunks,
+                  shift_rows(a, row0), stream);
+  });
+}
+
+void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, int k, const float* x,
+                    float* y, int64_t n, void* workspace, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (gate.in != up.in || gate.out != up.out || gate.n_expert != up.n_expert)
+    bad_call("experts_swiglu: gate [{}, {}, {}] and up [{}, {}, {}] differ", gate.in, gate.out,
+             gate.n_expert, up.in, up.out, up.n_expert);
+  if (k < 1) bad_call("experts_swiglu: k = {}", k);
+  const MatArg g = mat_arg(gate, x, "experts_swiglu gate");
+  const MatArg u = mat_arg(up, x, "experts_swiglu up");
+  const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
+  const int rpb = kThreads / ts;
+  const int64_t n_pairs = n * k;
+  const Acts a = prepare_acts(x, n, gate.in, is_quantised(gate.dtype) || is_quantised(up.dtype),
+                              workspace, stream);
+  const dim3 grid(static_cast<unsigned>((gate.out + rpb - 1) / rpb),
+                  static_cast<unsigned>(std::min<int64_t>(n_pairs, kMaxGridY)));
+  experts_swiglu_kernel<<<grid, kThreads, 0, stream>>>(g, u, ids, k, y, n_pairs, ts, rpb, a);
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+void experts_down(const Matrix& down, const int32_t* ids, const float* weights, int k,
+                  const float* x, float* y, int64_t n, void* workspace, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (k < 1) bad_call("experts_down: k = {}", k);
+  const MatArg d = mat_arg(down, x, "experts_down");
+  const int ts = team_size(row_units(down, d.vec));
+  const int rpb = kThreads / ts;
+  const Acts a = prepare_acts(x, n * k, down.in, is_quantised(down.dtype), workspace, stream);
+  const dim3 grid(static_cast<unsigned>((down.out + rpb - 1) / rpb),
+                  static_cast<unsigned>(std::min<int64_t>(n, kMaxGridY)));
+  experts_down_kernel<<<grid, kThreads, 0, stream>>>(d, ids, weights, k, y, n, ts, rpb, a);
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
+                cudaStream_t stream) {
+  if (n <= 0) return;
+  if (!has_kernel(table.dtype))
+    bad_call("embed_rows: no CUDA kernel for {}", dtype_name(table.dtype));
+  constexpr int kEmbedThreads = 256;
+  const dim3 grid(static_cast<unsigned>((table.in + kEmbedThreads - 1) / kEmbedThreads),
+                  static_cast<unsigned>(std::min<int64_t>(n, kMaxGridY)));
+  const auto* data = static_cast<const uint8_t*>(table.data);
+  switch (table.dtype) {
+#define QWENRT_EMBED_CASE(TYPE, ELEM)                                                        \
+  case DType::TYPE:                                                                          \
+    embed_kernel<ELEM><<<grid, kEmbedThreads, 0, stream>>>(data, table.row_bytes, table.out, \
+                                                           table.in, tokens, n, out);        \
+    break;
+    QWENRT_EMBED_CASE(Q4_K, QuantElem<qb::Q4K>)
+    QWENRT_EMBED_CASE(Q5_K, QuantElem<qb::Q5K>)
+    QWENRT_EMBED_CASE(Q6_K, QuantElem<qb::Q6K>)
+    QWENRT_EMBED_CASE(Q8_0, QuantElem<qb::Q80>)
+    QWENRT_EMBED_CASE(Q4_0, QuantElem<qb::Q40>)
+    QWENRT_EMBED_CASE(IQ4_XS, QuantElem<qb::IQ4XS>)
+    QWENRT_EMBED_CASE(F32, F32W)
+    QWENRT_EMBED_CASE(F16, F16W)
+    QWENRT_EMBED_CASE(BF16, BF16W)
+#undef QWENRT_EMBED_CASE
+    default:
+      break;
+  }
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace qwenrt::ops::cuda

@@ -1,0 +1,384 @@
+// The CUDA matmul kernels (ops/cuda/matmul.cu) against ops::ref: every type with a kernel, the
+// GEMV (n <= 8) and chunked (n > 8) paths, odd shapes, fresh random inputs, NaN-poisoned outputs.
+// matmul and embed go through the public backend (make_cuda_ops); matmul_group, matmul_swiglu and
+// the expert launchers are not reachable through Ops, so they are called directly on device
+// buffers this file allocates.
+//
+// Tolerances (relative L2 error ||got - want|| / ||want||): int8-activation paths < 2.5e-2 per
+// shape and < 1e-2 pooled over a type's shapes (activation rounding gives ~6e-3; a wrong decode
+// gives ~1); fp32-activation paths (F32 / F16 / BF16 weights) < 1e-5.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "ops/cuda/kernels.h"
+#include "ops/ops.h"
+#include "ops/ref/kernels.h"
+#include "quant/quant.h"
+
+namespace qwenrt::ops::cuda {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Random weights with per-row scales and a few outliers, quantised with quant/'s reference
+// quantisers: [in, out, n_mat] as GGUF stores them.
+struct HostWeight {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+  int64_t row_bytes = 0;
+};
+HostWeight make_weight(DType type, int64_t in, int64_t out, int64_t n_mat, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> row_scale(0.005f, 0.05f);
+  std::vector<float> values(in * out * n_mat);
+  for (int64_t r = 0; r < out * n_mat; ++r) {
+    const float s = row_scale(rng);
+    for (int64_t i = 0; i < in; ++i) {
+      float v = normal(rng) * s;
+      if (rng() % 97 == 0) v *= 6;
+      values[r * in + i] = v;
+    }
+  }
+  const auto& tr = traits(type);
+  HostWeight w;
+  w.row_bytes = in / tr.block_elems * tr.block_bytes;
+  w.bytes.resize(w.row_bytes * out * n_mat);
+  quant::quantize(type, values.data(), w.bytes.data(), in * out * n_mat);
+  w.view = TensorView::contiguous(type, n_mat > 1 ? 3 : 2, {in, out, n_mat, 1}, w.bytes.data());
+  return w;
+}
+
+std::vector<float> random_floats(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = normal(rng);
+  return x;
+}
+
+double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));  // NaN (an unwritten element) fails any check
+}
+
+bool int8_path(DType t) {
+  return t != DType::F32 && t != DType::F16 && t != DType::BF16;
+}
+double shape_tol(DType t) {
+  return int8_path(t) ? 2.5e-2 : 1e-5;
+}
+
+// Device memory owned by a test.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(int64_t bytes) {
+    if (cudaMalloc(&ptr, std::max<int64_t>(bytes, 16)) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  float* f() const { return static_cast<float*>(ptr); }
+};
+std::unique_ptr<DeviceBuffer> to_device(const void* host, int64_t bytes) {
+  auto b = std::make_unique<DeviceBuffer>(bytes);
+  if (b->ptr && bytes > 0) cudaMemcpy(b->ptr, host, bytes, cudaMemcpyHostToDevice);
+  return b;
+}
+std::unique_ptr<DeviceBuffer> poisoned(int64_t n_floats) {
+  const std::vector<float> nan(n_floats, kNaN);
+  return to_device(nan.data(), n_floats * 4);
+}
+std::vector<float> to_host(const DeviceBuffer& b, int64_t n_floats) {
+  std::vector<float> h(n_floats, kNaN);
+  if (cudaDeviceSynchronize() == cudaSuccess)
+    cudaMemcpy(h.data(), b.ptr, n_floats * 4, cudaMemcpyDeviceToHost);
+  return h;
+}
+
+Matrix device_matrix(const HostWeight& w, const DeviceBuffer& data) {
+  return Matrix{.dtype = w.view.dtype,
+                .in = w.view.ne[0],
+                .out = w.view.ne[1],
+                .n_expert = w.view.ne[2],
+                .row_bytes = w.row_bytes,
+                .expert_bytes = w.row_bytes * w.view.ne[1],
+                .data = data.ptr};
+}
+
+// `in` per type: the block size times an odd number (F32 / F16 / BF16: any length).
+std::vector<int64_t> ins_for(DType t) {
+  const uint32_t bs = traits(t).block_elems;
+  if (bs == 256) return {256 * 3, 256 * 1};
+  if (bs == 32) return {32 * 5, 32 * 9};
+  return {5, 37, 64};
+}
+
+struct OutN {
+  int64_t out, n;
+};
+// Every n of the GEMV (1..8) and chunked (9, 33, 200) paths, odd outs.
+const std::vector<OutN> kOutN = {{1, 1},  {7, 2},    {61, 3},   {300, 5}, {7, 8},
+                                 {61, 9}, {300, 33}, {61, 200}, {1, 200}};
+
+class CudaMatmul : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaMatmul, MatchesReferenceThroughOps) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const DType type = GetParam();
+  auto ops = qwenrt::ops::make_cuda_ops();
+  std::mt19937 rng(4321 + static_cast<int>(type));
+  double num = 0, den = 0;
+  for (int64_t in : ins_for(type)) {
+    for (const OutN& s : kOutN) {
+      const HostWeight hw = make_weight(type, in, s.out, 1, rng);
+      const Weight host{"w", hw.view};
+      const std::vector<float> x = random_floats(s.n * in, rng);
+      std::vector<float> want(s.n * s.out);
+      ref::matmul(host, x.data(), want.data(), s.n);
+
+      const Weight placed = ops->place(host);
+      float* dx = ops->alloc(s.n * in);
+      float* dy = ops->alloc(s.n * s.out);
+      const std::vector<float> nan(s.n * s.out, kNaN);
+      ops->upload(x.data(), dx, s.n * in);
+      ops->upload(nan.data(), dy, s.n * s.out);
+      ops->matmul(placed, dx, dy, s.n);
+      std::vector<float> got(s.n * s.out);
+      ops->download(dy, got.data(), s.n * s.out);
+      ops->reset_workspace();
+
+      const double err = rel_l2(got, want);
+      EXPECT_LT(err, shape_tol(type))
+          << dtype_name(type) << " in=" << in << " out=" << s.out << " n=" << s.n;
+      double ww = 0;
+      for (float v : want) ww += double(v) * v;
+      num += err * err * ww;
+      den += ww;
+    }
+  }
+  const double pooled = std::sqrt(num / den);
+  EXPECT_LT(pooled, int8_path(type) ? 1e-2 : 1e-5) << dtype_name(type);
+  std::printf("  %s pooled rel L2 %.2e\n", std::string(dtype_name(type)).c_str(), pooled);
+}
+
+TEST_P(CudaMatmul, EmbedMatchesReference) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const DType type = GetParam();
+  std::mt19937 rng(99 + static_cast<int>(type));
+  const int64_t dim = ins_for(type)[0], n_vocab = 61, n = 5;
+  const HostWeight hw = make_weight(type, dim, n_vocab, 1, rng);
+  const std::vector<int32_t> tokens = {60, 0, 17, 17, 42};
+  std::vector<float> want(n * dim);
+  ref::embed_rows(Weight{"table", hw.view}, tokens.data(), want.data(), n);
+
+  // Directly through the launcher.
+  {
+    auto table = to_device(hw.bytes.data(), int64_t(hw.bytes.size()));
+    auto ids = to_device(tokens.data(), n * 4);
+    auto out = poisoned(n * dim);
+    embed_rows(device_matrix(hw, *table), static_cast<const int32_t*>(ids->ptr), n, out->f(),
+               nullptr);
+    EXPECT_EQ(rel_l2(to_host(*out, n * dim), want), 0.0) << dtype_name(type) << " launcher";
+  }
+  // Through Ops (the step's tokens).
+  auto ops = qwenrt::ops::make_cuda_ops();
+  const std::vector<int32_t> positions = {0, 1, 2, 3, 4};
+  const Span span{.slot = 0, .begin = 0, .count = static_cast<int32_t>(n), .n_past = 0};
+  const int32_t output_row = static_cast<int32_t>(n - 1);
+  const StepLayout layout{.tokens = tokens.data(),
+                          .positions = positions.data(),
+                          .n = n,
+                          .spans = &span,
+                          .n_spans = 1,
+                          .output_rows = &output_row,
+                          .n_output_rows = 1};
+  ops->begin_step(layout);
+  const Weight placed = ops->place(Weight{"table", hw.view});
+  float* out = ops->alloc(n * dim);
+  const std::vector<float> nan(n * dim, kNaN);
+  ops->upload(nan.data(), out, n * dim);
+  ops->embed(placed, out);
+  std::vector<float> got(n * dim);
+  ops->download(out, got.data(), n * dim);
+  // Dequantisation is exact arithmetic on the same values: equal up to fp32 rounding order.
+  EXPECT_LT(rel_l2(got, want), 1e-6) << dtype_name(type) << " ops->embed";
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaMatmul,
+                         ::testing::Values(DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS,
+                                           DType::Q8_0, DType::Q4_0, DType::F32, DType::F16,
+                                           DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(CudaMatmulLaunchers, GroupOfMixedTypesInOneLaunch) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(11);
+  const int64_t in = 256 * 3;
+  const DType types[3] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
+  const int64_t outs[3] = {61, 7, 300};
+  for (int64_t n : {1, 5, 8, 9, 33}) {
+    const std::vector<float> x = random_floats(n * in, rng);
+    auto dx = to_device(x.data(), n * in * 4);
+    std::vector<HostWeight> hw;
+    std::vector<std::unique_ptr<DeviceBuffer>> data, ys;
+    std::vector<Projection> p;
+    for (int i = 0; i < 3; ++i) {
+      hw.push_back(make_weight(types[i], in, outs[i], 1, rng));
+      data.push_back(to_device(hw[i].bytes.data(), int64_t(hw[i].bytes.size())));
+      ys.push_back(poisoned(n * outs[i]));
+    }
+    for (int i = 0; i < 3; ++i) p.push_back({.w = device_matrix(hw[i], *data[i]), .y = ys[i]->f()});
+    DeviceBuffer ws(matmul_group_workspace_bytes(p.data(), 3, n));
+    matmul_group(p.data(), 3, dx->f(), n, ws.ptr, nullptr);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> want(n * outs[i]);
+      ref::matmul(Weight{"w", hw[i].view}, x.data(), want.data(), n);
+      EXPECT_LT(rel_l2(to_host(*ys[i], n * outs[i]), want), 2.5e-2)
+          << "projection " << i << " (" << dtype_name(types[i]) << ") n=" << n;
+    }
+  }
+}
+
+std::vector<float> silu_mul_ref(const std::vector<float>& g, const std::vector<float>& u) {
+  std::vector<float> out(g.size());
+  ref::silu_mul(g.data(), u.data(), out.data(), int64_t(g.size()));
+  return out;
+}
+
+TEST(CudaMatmulLaunchers, SwiGluMatchesReference) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(12);
+  const std::pair<DType, DType> pairs[] = {
+      {DType::Q4_K, DType::Q4_K}, {DType::Q6_K, DType::Q5_K}, {DType::F16, DType::F16}};
+  for (const auto& [tg, tu] : pairs) {
+    for (int64_t n : {1, 3, 8, 33}) {
+      const int64_t in = 256 * 3, ff = 61;
+      const HostWeight hg = make_weight(tg, in, ff, 1, rng), hu = make_weight(tu, in, ff, 1, rng);
+      const std::vector<float> x = random_floats(n * in, rng);
+      std::vector<float> g(n * ff), u(n * ff);
+      ref::matmul(Weight{"g", hg.view}, x.data(), g.data(), n);
+      ref::matmul(Weight{"u", hu.view}, x.data(), u.data(), n);
+      const std::vector<float> want = silu_mul_ref(g, u);
+
+      auto dg = to_device(hg.bytes.data(), int64_t(hg.bytes.size()));
+      auto du = to_device(hu.bytes.data(), int64_t(hu.bytes.size()));
+      auto dx = to_device(x.data(), n * in * 4);
+      auto dy = poisoned(n * ff);
+      const Matrix mg = device_matrix(hg, *dg), mu = device_matrix(hu, *du);
+      DeviceBuffer ws(std::max(matmul_workspace_bytes(mg, n), matmul_workspace_bytes(mu, n)));
+      matmul_swiglu(mg, mu, dx->f(), dy->f(), n, ws.ptr, nullptr);
+      const double tol = int8_path(tg) ? 2.5e-2 : 1e-5;
+      EXPECT_LT(rel_l2(to_host(*dy, n * ff), want), tol)
+          << dtype_name(tg) << "/" << dtype_name(tu) << " n=" << n;
+    }
+  }
+}
+
+// Routed experts: gate/up separate or fused, then down with the weighted sum over k choices,
+// against ref::matmul on Weight::expert views.
+void check_experts(DType type, bool fused, int64_t dim, int64_t ff, int n_expert, int k, int64_t n,
+                   std::mt19937& rng) {
+  const HostWeight hgu = make_weight(type, dim, fused ? 2 * ff : ff, n_expert, rng);
+  const HostWeight hu = make_weight(type, dim, ff, n_expert, rng);  // unused when fused
+  const HostWeight hd = make_weight(type, ff, dim, n_expert, rng);
+  const std::vector<float> x = random_floats(n * dim, rng);
+  std::vector<int32_t> ids(n * k);
+  std::vector<float> weights(n * k);
+  std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int32_t> order(n_expert);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int j = 0; j < k; ++j) {
+      ids[t * k + j] = order[j];
+      weights[t * k + j] = uw(rng);
+    }
+  }
+  // Reference: act [n * k, ff] and y [n, dim].
+  std::vector<float> act(n * k * ff), y(n * dim, 0.0f), g(2 * ff), u(ff), down(dim);
+  const Weight wgu{"gate", hgu.view}, wu{"up", hu.view}, wd{"down", hd.view};
+  for (int64_t t = 0; t < n; ++t) {
+    for (int j = 0; j < k; ++j) {
+      const int e = ids[t * k + j];
+      ref::matmul(wgu.expert(e), x.data() + t * dim, g.data(), 1);
+      if (fused)
+        std::copy(g.begin() + ff, g.begin() + 2 * ff, u.begin());
+      else
+        ref::matmul(wu.expert(e), x.data() + t * dim, u.data(), 1);
+      float* a = act.data() + (t * k + j) * ff;
+      ref::silu_mul(g.data(), u.data(), a, ff);
+    }
+  }
+  // The down reference reads the GPU's own act (below) so the two stages are checked apart.
+
+  auto dgu = to_device(hgu.bytes.data(), int64_t(hgu.bytes.size()));
+  auto du = to_device(hu.bytes.data(), int64_t(hu.bytes.size()));
+  auto ddown = to_device(hd.bytes.data(), int64_t(hd.bytes.size()));
+  auto dx = to_device(x.data(), n * dim * 4);
+  auto dids = to_device(ids.data(), n * k * 4);
+  auto dw = to_device(weights.data(), n * k * 4);
+  auto dact = poisoned(n * k * ff);
+  auto dy = poisoned(n * dim);
+  Matrix gate = device_matrix(hgu, *dgu), up = device_matrix(hu, *du);
+  if (fused) {
+    gate.out = ff;  // two views into the fused tensor; expert_bytes stays the fused stride
+    up = gate;
+    up.data = static_cast<const uint8_t*>(dgu->ptr) + ff * hgu.row_bytes;
+  }
+  const Matrix dmat = device_matrix(hd, *ddown);
+  DeviceBuffer ws(
+      std::max(matmul_workspace_bytes(gate, n * k), matmul_workspace_bytes(dmat, n * k)));
+  experts_swiglu(gate, up, static_cast<const int32_t*>(dids->ptr), k, dx->f(), dact->f(), n, ws.ptr,
+                 nullptr);
+  const std::vector<float> got_act = to_host(*dact, n * k * ff);
+  EXPECT_LT(rel_l2(got_act, act), 2.5e-2)
+      << "experts_swiglu " << dtype_name(type) << (fused ? " fused" : "") << " n=" << n;
+
+  for (int64_t t = 0; t < n; ++t) {
+    for (int j = 0; j < k; ++j) {
+      ref::matmul(wd.expert(ids[t * k + j]), got_act.data() + (t * k + j) * ff, down.data(), 1);
+      for (int64_t i = 0; i < dim; ++i) y[t * dim + i] += weights[t * k + j] * down[i];
+    }
+  }
+  experts_down(dmat, static_cast<const int32_t*>(dids->ptr), dw->f(), k, dact->f(), dy->f(), n,
+               ws.ptr, nullptr);
+  EXPECT_LT(rel_l2(to_host(*dy, n * dim), y), 2.5e-2)
+      << "experts_down " << dtype_name(type) << (fused ? " fused" : "") << " n=" << n;
+}
+
+TEST(CudaMatmulLaunchers, ExpertsMatchReference) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(13);
+  for (int64_t n : {1, 3, 8, 17}) {
+    check_experts(DType::Q4_K, false, 256 * 3, 256, 8, 3, n, rng);
+    check_experts(DType::Q4_K, true, 256 * 3, 256, 8, 3, n, rng);
+    check_experts(DType::Q6_K, false, 256, 256, 6, 2, n, rng);
+    check_experts(DType::Q8_0, true, 32 * 5, 32 * 3, 5, 4, n, rng);
+  }
+}
+
+TEST(CudaMatmulLaunchers, WorkspaceGrowsWithRows) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Matrix w{.dtype = DType::Q4_K, .in = 2048, .out = 512, .row_bytes = 2048 / 256 * 144};
+  EXPECT_GE(matmul_workspace_bytes(w, 1), 2048 + 2048 / 32 * 4);
+  EXPECT_GE(matmul_workspace_bytes(w, 8), 8 * (2048 + 2048 / 32 * 4));
+  const Matrix f{.dtype = DType::F16, .in = 37, .out = 5, .row_bytes = 74};
+  EXPECT_EQ(matmul_workspace_bytes(f, 8), 0);
+  EXPECT_TRUE(has_kernel(DType::IQ4_XS));
+  EXPECT_FALSE(has_kernel(DType::Q3_K));
+}
+
+}  // namespace
+}  // namespace qwenrt::ops::cuda
