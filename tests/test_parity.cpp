@@ -99,7 +99,7 @@ TEST(Parity, MatchesTransformersFp32) {
 // that flips a near-tie router choice moves a whole row: measured 0.116 vs llama.cpp's 0.098 on
 // qwen35moe.Q8_0), and agrees with transformers' top-1 at least as often as llama.cpp does (-1
 // position). The trained models' test (test_parity_trained.cpp) is the sharper check.
-TEST(Parity, CpuBackendIsAsCloseToTransformersAsLlamaCpp) {
+void expect_as_close_to_transformers_as_llama_cpp(const std::string& backend) {
   const auto m = manifest();
   const std::vector<int32_t> ids = m["prompt"]["ids"].get<std::vector<int32_t>>();
   int checked = 0;
@@ -110,13 +110,13 @@ TEST(Parity, CpuBackendIsAsCloseToTransformersAsLlamaCpp) {
       const NpyArray hf = read_npy_f32(kDir + g["reference"].get<std::string>());
       const NpyArray llama = read_npy_f32(kDir + g["llama_cpp_reference"].get<std::string>());
       const size_t rows = llama.shape[0], vocab = llama.shape[1];
-      const auto ours = run_prefix(file, ids, rows, arch::DeltaNetMode::kAuto, "cpu");
+      const auto ours = run_prefix(file, ids, rows, arch::DeltaNetMode::kAuto, backend);
       const RowStats s = compare_rows(ours, hf, rows, vocab);
       const RowStats t = compare_rows(llama.data, hf, rows, vocab);
       std::printf(
-          "[parity] %s cpu backend vs transformers: rel L2 %.3g top-1 %d/%d; llama.cpp "
+          "[parity] %s %s backend vs transformers: rel L2 %.3g top-1 %d/%d; llama.cpp "
           "rel L2 %.3g top-1 %d/%d\n",
-          file.c_str(), s.total_rel_l2, s.argmax_agree, s.rows, t.total_rel_l2, t.argmax_agree,
+          file.c_str(), backend.c_str(), s.total_rel_l2, s.argmax_agree, s.rows, t.total_rel_l2, t.argmax_agree,
           t.rows);
       const double slack = file.find("qwen35moe") != std::string::npos ? 1.25 : 1.1;
       EXPECT_LE(s.total_rel_l2, t.total_rel_l2 * slack + 1e-3) << file;
@@ -125,6 +125,16 @@ TEST(Parity, CpuBackendIsAsCloseToTransformersAsLlamaCpp) {
     }
   }
   EXPECT_GE(checked, 3);
+}
+
+TEST(Parity, CpuBackendIsAsCloseToTransformersAsLlamaCpp) {
+  expect_as_close_to_transformers_as_llama_cpp("cpu");
+}
+
+// The cuda backend's quantised matmuls also run on 8-bit activations: the same bound.
+TEST(Parity, CudaBackendIsAsCloseToTransformersAsLlamaCpp) {
+  if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  expect_as_close_to_transformers_as_llama_cpp("cuda");
 }
 
 // Per-file ceiling on the relative L2 to llama.cpp, measured with margin (docs/parity.md).

@@ -28,10 +28,12 @@ int argmax(const float* row, size_t n) {
 // 2% relative L2 apart on these files) may order them either way.
 constexpr float kNearTie = 0.2f;
 
-// Both backends: the oracle, and the cpu backend's int8-activation kernels.
+// Every backend: the oracle, the cpu backend's int8-activation kernels, the cuda backend's (skipped
+// without a GPU).
 class ParityTrained : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ParityTrained, TopOneAgreesWithLlamaCppOnAtLeast99PercentOfDecisivePositions) {
+  if (std::string(GetParam()) == "cuda" && !ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::ifstream in(kRoot + "tests/fixtures/trained/manifest.json");
   ASSERT_TRUE(in) << "missing tests/fixtures/trained/manifest.json";
   const auto m = nlohmann::json::parse(in);
@@ -82,7 +84,7 @@ TEST_P(ParityTrained, TopOneAgreesWithLlamaCppOnAtLeast99PercentOfDecisivePositi
   EXPECT_EQ(checked, 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ParityTrained, ::testing::Values("ref", "cpu"));
+INSTANTIATE_TEST_SUITE_P(Backends, ParityTrained, ::testing::Values("ref", "cpu", "cuda"));
 
 TEST(ParityTrainedMtp, MtpDraftsMatchTheTrunkOnMostPositions) {
   std::ifstream in(kRoot + "tests/fixtures/trained/manifest.json");

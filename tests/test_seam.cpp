@@ -109,6 +109,21 @@ class CountingOps final : public ops::Ops {
   void add(const float* a, const float* b, float* o, int64_t n) override {
     tick("add"), inner_->add(a, b, o, n);
   }
+  void add_rmsnorm(float* x, const float* d, const Weight& w, float* o, int64_t r, int64_t c,
+                   float e) override {
+    tick("add_rmsnorm"), inner_->add_rmsnorm(x, d, w, o, r, c, e);
+  }
+  void matmuls(const float* x, int64_t n, std::span<const Projection> p) override {
+    tick("matmuls"), inner_->matmuls(x, n, p);
+  }
+  void ffn_swiglu(const Weight& g, const Weight& u, const Weight& d, const float* x, float* o,
+                  int64_t n) override {
+    tick("ffn_swiglu"), inner_->ffn_swiglu(g, u, d, x, o, n);
+  }
+  bool copies_weights() const override { return inner_->copies_weights(); }
+  void set_place_progress(std::function<void(uint64_t, uint64_t)> p, uint64_t total) override {
+    inner_->set_place_progress(std::move(p), total);
+  }
   void copy_2d(const float* s, int64_t ss, float* d, int64_t ds, int64_t r, int64_t c) override {
     tick("copy_2d"), inner_->copy_2d(s, ss, d, ds, r, c);
   }
@@ -143,6 +158,11 @@ std::string case_name(const ::testing::TestParamInfo<SeamCase>& info) {
 
 class SeamTest : public ::testing::TestWithParam<SeamCase> {
  protected:
+  void SetUp() override {
+    if (std::string(GetParam().backend) == "cuda" && !ops::cuda_available()) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+  }
   std::string path() {
     const bool dense = GetParam().arch == model::Arch::kQwen35;
     return testing_support::write_tiny(GetParam().arch,
@@ -157,7 +177,10 @@ class SeamTest : public ::testing::TestWithParam<SeamCase> {
       const std::string backend = o.backend;
       o.make_backend = [counts, backend] {
         return std::make_unique<CountingOps>(
-            backend == "ref" ? ops::make_ref_ops() : ops::make_cpu_ops(2), counts);
+            backend == "ref"   ? ops::make_ref_ops()
+            : backend == "cuda" ? ops::make_cuda_ops()
+                                : ops::make_cpu_ops(2),
+            counts);
       };
     }
     return Engine::load(path(), o);
@@ -319,7 +342,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, SeamTest,
                          ::testing::Values(SeamCase{model::Arch::kQwen35, "ref"},
                                            SeamCase{model::Arch::kQwen35Moe, "ref"},
                                            SeamCase{model::Arch::kQwen35, "cpu"},
-                                           SeamCase{model::Arch::kQwen35Moe, "cpu"}),
+                                           SeamCase{model::Arch::kQwen35Moe, "cpu"},
+                                           SeamCase{model::Arch::kQwen35, "cuda"},
+                                           SeamCase{model::Arch::kQwen35Moe, "cuda"}),
                          case_name);
 
 }  // namespace

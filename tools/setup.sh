@@ -26,5 +26,9 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/requirements.sha256 2>/dev/null)"
   echo "$stamp" > .venv/requirements.sha256
 fi
 
+# The CUDA backend builds wherever nvcc is (on PATH or in the toolkit's usual place); no GPU needed.
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ] && [ -z "${CUDACXX:-}" ]; then
+  export CUDACXX=/usr/local/cuda/bin/nvcc
+fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 ninja -C build

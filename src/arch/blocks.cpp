@@ -24,9 +24,8 @@ void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, 
     ops.copy_2d(qkv + 2 * nq, width, k, nkv, n, nkv);
     ops.copy_2d(qkv + 2 * nq + nkv, width, v, nkv, n, nkv);
   } else {
-    ops.matmul(w.q, x, q_gate, n);
-    ops.matmul(w.k, x, k, n);
-    ops.matmul(w.v, x, v, n);
+    const ops::Ops::Projection qkv[] = {{&w.q, q_gate}, {&w.k, k}, {&w.v, v}};
+    ops.matmuls(x, n, qkv);
   }
   ops.copy_2d(q_gate, 2 * hd, q, hd, n * c.n_head, hd);
   ops.copy_2d(q_gate + hd, 2 * hd, gate, hd, n * c.n_head, hd);
@@ -60,10 +59,9 @@ void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, in
   float* z = ops.alloc(n * nv);
   float* alpha = ops.alloc(n * c.ssm_v_heads);
   float* beta = ops.alloc(n * c.ssm_v_heads);
-  ops.matmul(w.qkv, x, qkv, n);
-  ops.matmul(w.gate, x, z, n);
-  ops.matmul(w.alpha, x, alpha, n);
-  ops.matmul(w.beta, x, beta, n);
+  const ops::Ops::Projection projections[] = {
+      {&w.qkv, qkv}, {&w.gate, z}, {&w.alpha, alpha}, {&w.beta, beta}};
+  ops.matmuls(x, n, projections);
   float* o = ops.alloc(n * nv);
   ops.deltanet({.qkv = qkv,
                 .z = z,

@@ -36,18 +36,22 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
   float* h = ops.alloc(n * e);
   float* mixed = ops.alloc(n * e);
   ops.embed(w.token_embd, x);
+  ops.rmsnorm(x, w.layers[0].attn_norm, h, n, e, c.rms_eps);
   for (int il = 0; il < c.n_layer; ++il) {
+    // h = attn_norm(x) on entry; each residual add is fused with the norm that follows it.
     const auto& layer = w.layers[il];
-    ops.rmsnorm(x, layer.attn_norm, h, n, e, c.rms_eps);
     if (const auto* attn = std::get_if<model::AttentionWeights>(&layer.mixer)) {
       attention_block(ctx, *attn, il, h, mixed);
     } else {
       deltanet_block(ctx, std::get<model::DeltaNetWeights>(layer.mixer), il, h, mixed);
     }
-    ops.add(x, mixed, x, n * e);
-    ops.rmsnorm(x, layer.post_attn_norm, h, n, e, c.rms_eps);
+    ops.add_rmsnorm(x, mixed, layer.post_attn_norm, h, n, e, c.rms_eps);
     ffn(ctx, layer.ffn, h, mixed);
-    ops.add(x, mixed, x, n * e);
+    if (il + 1 < c.n_layer) {
+      ops.add_rmsnorm(x, mixed, w.layers[il + 1].attn_norm, h, n, e, c.rms_eps);
+    } else {
+      ops.add(x, mixed, x, n * e);
+    }
   }
   if (n_out == 0) return {};
   float* last = ops.alloc(n_out * e);
@@ -80,8 +84,7 @@ const float* run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, F
   ops.matmul(w.eh_proj, both, x, n);
   ops.rmsnorm(x, w.attn_norm, h, n, e, c.rms_eps);
   attention_block(ctx, w.attn, c.n_layer, h, mixed);
-  ops.add(x, mixed, x, n * e);
-  ops.rmsnorm(x, w.post_attn_norm, h, n, e, c.rms_eps);
+  ops.add_rmsnorm(x, mixed, w.post_attn_norm, h, n, e, c.rms_eps);
   ffn(ctx, w.ffn, h, mixed);
   ops.add(x, mixed, x, n * e);
   ops.rmsnorm(x, w.head_norm, x, n, e, c.rms_eps);

@@ -8,14 +8,7 @@ namespace {
 // out = down(silu(gate x) * up x)
 void dense_ffn(const BlockContext& ctx, const model::DenseFfnWeights& w, const float* x,
                float* out) {
-  ops::Ops& ops = ctx.ops;
-  const int64_t n = ctx.n, ff = ctx.config.n_ff;
-  float* gate = ops.alloc(n * ff);
-  float* up = ops.alloc(n * ff);
-  ops.matmul(w.gate, x, gate, n);
-  ops.matmul(w.up, x, up, n);
-  ops.silu_mul(gate, up, gate, n * ff);
-  ops.matmul(w.down, gate, out, n);
+  ctx.ops.ffn_swiglu(w.gate, w.up, w.down, x, out, ctx.n);
 }
 
 class Qwen35 final : public Model {

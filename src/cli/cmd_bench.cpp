@@ -25,6 +25,7 @@ namespace {
 struct BenchOptions {
   std::string model;
   std::vector<int64_t> prefill{512, 4096};
+  int64_t depth = 0;  // decode after a prompt of this many tokens (llama-bench's -d)
   int64_t decode = 128;
   std::vector<int64_t> batches{8, 32, 128};
   int repeats = 5;
@@ -66,19 +67,22 @@ class Bench {
     {
       engine::EngineOptions eo;
       apply(opt_.backend, eo);
-      eo.n_ctx = std::max(max_p, opt_.decode + kWarmupSteps);
-      auto e = engine::Engine::load(path_, eo);
+      eo.n_ctx = std::max(max_p, opt_.depth + opt_.decode + kWarmupSteps);
+      const double load_s = seconds_of([&] { e_ = engine::Engine::load(path_, eo); });
+      load_seconds_ = load_s;
+      auto& e = e_;
       rng_.seed(opt_.seed);
       n_vocab_ = e->config().n_vocab;
       for (int64_t p : opt_.prefill) out.push_back(prefill(*e, p));
       out.push_back(decode(*e, 1));
+      e_.reset();
     }
     for (int64_t b : opt_.batches) {
       if (b == 0) continue;
       engine::EngineOptions eo;
       apply(opt_.backend, eo);
       eo.n_slots = static_cast<int>(b);
-      eo.n_ctx = opt_.decode + kWarmupSteps;
+      eo.n_ctx = opt_.depth + opt_.decode + kWarmupSteps;
       auto e = engine::Engine::load(path_, eo);
       out.push_back(decode(*e, b));
     }
@@ -100,25 +104,50 @@ class Bench {
     return f;
   }
 
+  // Decode steps as generation runs them: each ends in a greedy sample on the backend (the
+  // sampled ids are not fed back: random ids keep every repeat's work the same), after an
+  // untimed prompt of `depth` tokens per sequence.
   Figure decode(engine::Engine& e, int64_t n_seq) {
-    Figure f{
-        n_seq == 1 ? fmt::format("tg{}", opt_.decode) : fmt::format("tg{} x{}", opt_.decode, n_seq),
-        opt_.decode * n_seq,
-        {}};
+    const std::string depth = opt_.depth > 0 ? fmt::format(" @ d{}", opt_.depth) : "";
+    Figure f{n_seq == 1 ? fmt::format("tg{}{}", opt_.decode, depth)
+                        : fmt::format("tg{}{} x{}", opt_.decode, depth, n_seq),
+             opt_.decode * n_seq,
+             {}};
+    std::vector<ops::SamplingRow> rows(static_cast<size_t>(n_seq));
+    for (auto& r : rows) r.temperature = 0;
+    std::vector<ops::SampledToken> out;
+    engine::Batch b;
     auto step_all = [&](int32_t pos) {
-      engine::Batch b;
+      b.clear();
       for (int64_t s = 0; s < n_seq; ++s) b.add(static_cast<int>(s), token(), pos, true);
-      e.step(b);
+      e.step_sample(b, rows, 0, out);
     };
     for (int r = 0; r < opt_.repeats; ++r) {
       for (int64_t s = 0; s < n_seq; ++s) e.states().reset(static_cast<int>(s));
-      for (int32_t pos = 0; pos < kWarmupSteps; ++pos) step_all(pos);
+      if (opt_.depth > 0) {
+        for (int64_t s = 0; s < n_seq; ++s) {
+          engine::Batch p;
+          for (int64_t i = 0; i < opt_.depth; ++i)
+            p.add(static_cast<int>(s), token(), static_cast<int32_t>(i), i == opt_.depth - 1);
+          e.step(p);
+        }
+      }
+      const auto base = static_cast<int32_t>(opt_.depth);
+      for (int32_t pos = 0; pos < kWarmupSteps; ++pos) step_all(base + pos);
       f.seconds.push_back(seconds_of([&] {
-        for (int64_t i = 0; i < opt_.decode; ++i) step_all(static_cast<int32_t>(kWarmupSteps + i));
+        for (int64_t i = 0; i < opt_.decode; ++i)
+          step_all(base + static_cast<int32_t>(kWarmupSteps + i));
       }));
     }
     return f;
   }
+
+ public:
+  double load_seconds() const { return load_seconds_; }
+
+ private:
+  std::unique_ptr<engine::Engine> e_;
+  double load_seconds_ = 0;
 
   const BenchOptions& opt_;
   std::string path_;
@@ -141,7 +170,8 @@ int run_bench(const BenchOptions& opt) {
   for (int64_t b : opt.batches)
     if (b != 0 && (b < 2 || b > 4096)) fail("-b: aggregate batch sizes must be 2..4096, got {}", b);
   const std::string path = resolve_model(opt.model);
-  const std::vector<Figure> figures = Bench(opt, path).run();
+  Bench bench(opt, path);
+  const std::vector<Figure> figures = bench.run();
   const double rss = peak_rss_mib();
 
   if (opt.json) {
@@ -149,6 +179,8 @@ int run_bench(const BenchOptions& opt) {
                         {"backend", opt.backend.backend},
                         {"threads", opt.backend.threads},
                         {"repeats", opt.repeats},
+                        {"depth", opt.depth},
+                        {"load_seconds", bench.load_seconds()},
                         {"peak_rss_mib", rss},
                         {"results", nlohmann::json::array()}};
     for (const Figure& f : figures) {
@@ -170,8 +202,10 @@ int run_bench(const BenchOptions& opt) {
     fmt::print("{:<14} {:>12.1f} {:>22} {:>12.1f}\n", f.test, f.rate(f.median()),
                fmt::format("{:.1f}..{:.1f}", f.slowest_rate(), f.fastest_rate()), f.median() * 1e3);
   }
-  fmt::print("ppP median ms is the time to first token for a P-token prompt; peak RSS {:.0f} MiB\n",
-             rss);
+  fmt::print(
+      "ppP median ms is the time to first token for a P-token prompt; load {:.2f} s; peak RSS "
+      "{:.0f} MiB\n",
+      bench.load_seconds(), rss);
   return 0;
 }
 
@@ -186,6 +220,8 @@ Run add_bench(CLI::App& app) {
   sub->add_option("-p,--prefill", opt->prefill, "Prefill lengths (comma-separated)")
       ->delimiter(',');
   sub->add_option("-n,--decode", opt->decode, "Decode steps per repeat");
+  sub->add_option("-d,--depth", opt->depth, "Decode after a prompt of this many tokens (untimed)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("-b,--batches", opt->batches,
                   "Concurrent sequences for aggregate decode (comma-separated; 0 skips them)")
       ->delimiter(',');

@@ -45,25 +45,35 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
       config_(model::Config::from_gguf(file_)),
       identity_(model::identify(file_)),
       options_(options) {
+  const std::string backend = options.backend == "auto"
+                                  ? (ops::cuda_available() ? "cuda" : "cpu")
+                                  : options.backend;
   if (options.make_backend) {
     ops_ = options.make_backend();
-  } else if (options.backend == "ref") {
+  } else if (backend == "ref") {
     ops_ = ops::make_ref_ops();
-  } else if (options.backend == "cpu") {
+  } else if (backend == "cpu") {
     ops_ = ops::make_cpu_ops(options.n_threads);
+  } else if (backend == "cuda") {
+    ops_ = ops::make_cuda_ops();
   } else {
-    fail("unknown backend '{}' (available: cpu, ref)", options.backend);
+    fail("unknown backend '{}' (available: auto, cuda, cpu, ref)", options.backend);
+  }
+  if (ops_->copies_weights()) {
+    uint64_t total = 0;
+    for (const auto& t : file_.tensors()) total += t.n_bytes;
+    ops_->set_place_progress(options.on_load_progress, total);
   }
   model_ = config_.is_moe() ? arch::make_qwen35moe(file_, config_, *ops_)
                             : arch::make_qwen35(file_, config_, *ops_);
-  if (options.prefault) prefault_weights(options.on_load_progress);
+  if (options.prefault && !ops_->copies_weights()) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
   states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx, *ops_);
 }
 
 void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
                   const std::vector<int32_t>& slots, const std::vector<uint8_t>* want_output,
-                  state::Track track) {
+                  state::Track track, bool ends_in_sample) {
   const size_t n = tokens.size();
   if (positions.size() != n || slots.size() != n || (want_output && want_output->size() != n)) {
     fail("batch: tokens, positions, slots and want_logits must have the same length");
@@ -111,15 +121,17 @@ void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>
                     .n_output_rows = static_cast<int64_t>(output_rows_.size()),
                     .page_tables = states_->page_tables(track),
                     .page_table_stride = states_->page_table_stride(),
-                    .deltanet_mode = options_.deltanet_mode});
+                    .deltanet_mode = options_.deltanet_mode,
+                    .ends_in_sample = ends_in_sample});
 }
 
 void Engine::advance(state::Track track) {
   for (const ops::Span& s : spans_) states_->advance(s.slot, s.count, track);
 }
 
-arch::ForwardResult Engine::run(const Batch& batch) {
-  plan(batch.tokens, batch.positions, batch.slots, &batch.want_logits, state::Track::kTrunk);
+arch::ForwardResult Engine::run(const Batch& batch, bool ends_in_sample) {
+  plan(batch.tokens, batch.positions, batch.slots, &batch.want_logits, state::Track::kTrunk,
+       ends_in_sample);
   ops_->reset_workspace();
   const arch::ForwardResult r = model_->forward(*ops_, *states_, static_cast<int64_t>(batch.size()),
                                                 static_cast<int64_t>(output_rows_.size()));
@@ -163,7 +175,7 @@ void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> r
   if (n_top < 0 || n_top > ops::kMaxTopLogprobs) {
     fail("top log-probabilities: {} asked, at most {}", n_top, ops::kMaxTopLogprobs);
   }
-  const arch::ForwardResult r = run(batch);
+  const arch::ForwardResult r = run(batch, /*ends_in_sample=*/true);
   out.resize(output_rows_.size());
   if (!out.empty()) ops_->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
 }

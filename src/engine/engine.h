@@ -22,7 +22,7 @@
 namespace qwenrt::engine {
 
 struct EngineOptions {
-  std::string backend = "cpu";  // "cpu" (SIMD, threads) or "ref" (the scalar oracle)
+  std::string backend = "auto";  // "auto" (cuda if usable, else cpu), "cuda", "cpu", "ref"
   int n_threads = 0;            // cpu backend threads; 0 = the physical cores
   // A backend of the caller's making instead of `backend` (tests wrap one to watch its calls).
   std::function<std::unique_ptr<ops::Ops>()> make_backend;
@@ -97,8 +97,8 @@ class Engine {
   // track and hands the layout to the backend.
   void plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
             const std::vector<int32_t>& slots, const std::vector<uint8_t>* want_output,
-            state::Track track);
-  arch::ForwardResult run(const Batch& batch);
+            state::Track track, bool ends_in_sample = false);
+  arch::ForwardResult run(const Batch& batch, bool ends_in_sample = false);
   void advance(state::Track track);
 
   gguf::File file_;

@@ -13,7 +13,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 
 #include "ops/types.h"
 
@@ -45,6 +47,14 @@ class Ops {
   // Places a weight where this backend computes; the returned view is what ops receive. The
   // default uses the mapped file's bytes as they are.
   virtual Weight place(const Weight& w) { return w; }
+  // Whether place() copies weights into backend memory (then the engine reports load progress
+  // through it instead of prefaulting the mapped file): progress(bytes placed, total).
+  virtual bool copies_weights() const { return false; }
+  virtual void set_place_progress(std::function<void(uint64_t, uint64_t)> progress,
+                                  uint64_t total_bytes) {
+    (void)progress;
+    (void)total_bytes;
+  }
 
   // ---- The step ----
   // The rows, spans, output rows and page tables of the step about to run; kept until the next
@@ -74,6 +84,23 @@ class Ops {
                        int64_t rows, int64_t cols) = 0;
   // out [n_output_rows, dim] = the step's output rows of x [n, dim].
   virtual void gather_output_rows(const float* x, int64_t dim, float* out) = 0;
+
+  // ---- Fusable sequences (ops.cpp defines each as the sequence of the ops above; a backend may
+  // run one as fewer kernels) ----
+  // x += delta, then out [rows, dim] = rmsnorm(x) (out may not alias x): a residual add and the
+  // next block's input norm.
+  virtual void add_rmsnorm(float* x, const float* delta, const Weight& weight, float* out,
+                           int64_t rows, int64_t dim, float eps);
+  // y_i [n, out_i] = x [n, in] @ W_i^T for several weights of the same `in` (the projections of
+  // one block's input).
+  struct Projection {
+    const Weight* w;
+    float* y;
+  };
+  virtual void matmuls(const float* x, int64_t n, std::span<const Projection> projections);
+  // out [n, dim] = down(silu(gate x) * up x): a dense SwiGLU FFN (scratch from the workspace).
+  virtual void ffn_swiglu(const Weight& gate, const Weight& up, const Weight& down, const float* x,
+                          float* out, int64_t n);
 
   // ---- Blocks (one call per layer for the whole batch) ----
   virtual void attention(const AttentionArgs& args) = 0;

@@ -65,6 +65,9 @@ struct StepLayout {
   const int32_t* page_tables = nullptr;
   int64_t page_table_stride = 0;
   DeltaNetMode deltanet_mode = DeltaNetMode::kAuto;
+  // The step ends in Ops::sample (not in downloads), so a backend may capture it whole and replay
+  // it for later steps of the same shape.
+  bool ends_in_sample = false;
 };
 
 // The KV pool of one attention layer in backend memory: k and v [n_pages, page_size, kv_dim]

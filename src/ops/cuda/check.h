@@ -1,19 +1,34 @@
 // CUDA error checks: every runtime call and every launch is checked, and a failure names the call,
 // the file and the line.
 //
-// nvcc's front end cannot compile fmt's compile-time format strings, so .cu files never call
-// qwenrt::fail(): they throw through cuda_fail(message) (check.cpp, compiled by the host
-// compiler), building the message with std::string / std::to_string.
+// nvcc 13 with C++20 cannot compile fmt's headers, so .cu files never include core/error.h: they
+// throw through cuda_fail (check.cpp, compiled by the host compiler), whose format form replaces
+// each "{}" with the next argument as an ostream prints it.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <sstream>
 #include <string>
 
 namespace qwenrt::ops::cuda {
 
 // Throws qwenrt::Error with `message`.
 [[noreturn]] void cuda_fail(const std::string& message);
+// cuda_fail("{}: in = {} is not a multiple of {}", what, in, 32).
+template <class... Args>
+[[noreturn]] void cuda_fail(const char* format, const Args&... args) {
+  std::ostringstream out;
+  const char* p = format;
+  auto next = [&](const auto& value) {
+    while (*p && !(p[0] == '{' && p[1] == '}')) out << *p++;
+    if (*p) p += 2;
+    out << value;
+  };
+  (next(args), ...);
+  out << p;
+  cuda_fail(out.str());
+}
 // Throws qwenrt::Error naming the CUDA error, the failed expression, file and line.
 [[noreturn]] void cuda_failed(cudaError_t err, const char* what, const char* file, int line);
 

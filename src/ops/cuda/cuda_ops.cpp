@@ -1,0 +1,782 @@
+// The CUDA backend: the Ops interface on the kernels of this folder (kernels.h), one device, one
+// stream. Weights are uploaded once at load (types without a kernel dequantised to F32 first);
+// activations come from a device arena that stops allocating after the first step of a shape;
+// the step's layout is uploaded once per step. A decode-shaped step that ends in sampling is
+// captured as one CUDA graph the second time its shape is seen and replayed from then on: the
+// arch code still calls every op, but while a graph replays the ops only take their workspace
+// (the same pointers, in the same order) and the graph runs at the sampling call.
+//
+// QWENRT_CUDA_GRAPHS=0 turns capture off; QWENRT_CUDA_PROFILE=1 times every op with events (graphs
+// off) and prints the time per op class at exit.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "ops/cuda/check.h"
+#include "ops/cuda/kernels.h"
+#include "ops/ops.h"
+#include "ops/ref/kernels.h"
+#include "quant/quant.h"
+
+namespace qwenrt::ops {
+namespace {
+
+using cuda::Matrix;
+
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  return std::strcmp(v, "0") != 0;
+}
+
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+// Device bump allocator: like the cpu backend's arena, a step that outgrows the current block
+// gets a new one and the next reset merges them. generation() changes whenever addresses change
+// (a captured graph is valid only for the generation it was captured in).
+class DeviceArena {
+ public:
+  ~DeviceArena() {
+    for (auto& b : blocks_) cudaFree(b.data);
+  }
+  void* take(int64_t bytes) {
+    bytes = round_up(std::max<int64_t>(bytes, 1), 256);
+    if (blocks_.empty() || blocks_.back().used + bytes > blocks_.back().size) {
+      const int64_t size =
+          std::max<int64_t>(bytes, blocks_.empty() ? int64_t{64} << 20 : 2 * blocks_.back().size);
+      void* p = nullptr;
+      if (cudaMalloc(&p, static_cast<size_t>(size)) != cudaSuccess) {
+        cudaGetLastError();
+        fail("cuda backend: out of device memory allocating a {}-byte workspace", size);
+      }
+      blocks_.push_back({static_cast<uint8_t*>(p), size, 0});
+      ++generation_;
+    }
+    Block& b = blocks_.back();
+    void* p = b.data + b.used;
+    b.used += bytes;
+    return p;
+  }
+  // Callers synchronise first when blocks may be freed (a merge).
+  bool needs_merge() const { return blocks_.size() > 1; }
+  void reset() {
+    if (blocks_.size() > 1) {
+      int64_t total = 0;
+      for (auto& b : blocks_) {
+        total += b.size;
+        QWENRT_CUDA_CHECK(cudaFree(b.data));
+      }
+      blocks_.clear();
+      void* p = nullptr;
+      QWENRT_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(total)));
+      blocks_.push_back({static_cast<uint8_t*>(p), total, 0});
+      ++generation_;
+    }
+    if (!blocks_.empty()) blocks_.back().used = 0;
+  }
+  uint64_t generation() const { return generation_; }
+
+ private:
+  struct Block {
+    uint8_t* data;
+    int64_t size;
+    int64_t used;
+  };
+  std::vector<Block> blocks_;
+  uint64_t generation_ = 0;
+};
+
+// Pinned host memory that grows (contents are not kept across growth).
+class PinnedBuffer {
+ public:
+  ~PinnedBuffer() {
+    if (data_) cudaFreeHost(data_);
+  }
+  uint8_t* get(int64_t bytes) {
+    if (bytes > size_) {
+      if (data_) QWENRT_CUDA_CHECK(cudaFreeHost(data_));
+      size_ = round_up(std::max<int64_t>(bytes, 4096), 4096);
+      void* p = nullptr;
+      QWENRT_CUDA_CHECK(cudaMallocHost(&p, static_cast<size_t>(size_)));
+      data_ = static_cast<uint8_t*>(p);
+    }
+    return data_;
+  }
+
+ private:
+  uint8_t* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// Device memory that grows (contents are not kept across growth); grew() says the address changed.
+class DeviceBuffer {
+ public:
+  ~DeviceBuffer() {
+    if (data_) cudaFree(data_);
+  }
+  uint8_t* get(int64_t bytes, bool* grew = nullptr) {
+    if (bytes > size_) {
+      if (data_) QWENRT_CUDA_CHECK(cudaFree(data_));
+      size_ = round_up(std::max<int64_t>(bytes * 2, 4096), 4096);
+      void* p = nullptr;
+      QWENRT_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(size_)));
+      data_ = static_cast<uint8_t*>(p);
+      if (grew) *grew = true;
+    }
+    return data_;
+  }
+
+ private:
+  uint8_t* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+const char* const kOpClasses[] = {"embed",     "matmul", "norm",     "rope",   "elementwise",
+                                  "attention", "deltanet", "moe",    "ffn",    "sample"};
+enum OpClass { kEmbed, kMatmul, kNorm, kRope, kElementwise, kAttention, kDeltaNet, kMoe, kFfn,
+               kSample, kNumClasses };
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(int device) : device_(device) {
+    int count = 0;
+    QWENRT_CUDA_CHECK(cudaGetDeviceCount(&count));
+    if (device < 0 || device >= count) fail("cuda backend: no GPU {} (this machine has {})", device, count);
+    QWENRT_CUDA_CHECK(cudaSetDevice(device));
+    QWENRT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (auto& e : stage_done_) QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    profile_ = env_flag("QWENRT_CUDA_PROFILE", false);
+    graphs_enabled_ = env_flag("QWENRT_CUDA_GRAPHS", true) && !profile_;
+  }
+
+  ~CudaOps() override {
+    cudaStreamSynchronize(stream_);
+    if (profile_) print_profile();
+    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+    for (void* p : buffers_) cudaFree(p);
+    for (void* p : weight_chunks_) cudaFree(p);
+    for (auto& e : stage_done_) cudaEventDestroy(e);
+    for (auto& p : profile_events_) {
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.stop);
+    }
+    cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+
+  // ---- Memory ----
+  float* alloc(int64_t n_floats) override {
+    return static_cast<float*>(arena_.take(n_floats * int64_t{sizeof(float)}));
+  }
+  void reset_workspace() override {
+    if (arena_.needs_merge()) {
+      // Merging frees blocks: never inside a capture (none has begun its ops yet when the engine
+      // resets; the step then runs eagerly).
+      if (mode_ == Mode::kCapture) {
+        if (op_count_ != 0) fail("cuda backend: the workspace was reset inside a captured step");
+        abort_capture();
+      }
+      QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    arena_.reset();
+  }
+  void* alloc_buffer(int64_t bytes) override {
+    outside_step("alloc_buffer");
+    void* p = nullptr;
+    if (cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))) != cudaSuccess) {
+      cudaGetLastError();
+      fail("cuda backend: out of device memory allocating {} bytes", bytes);
+    }
+    QWENRT_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_));
+    buffers_.push_back(p);
+    return p;
+  }
+  void free_buffer(void* buffer) override {
+    outside_step("free_buffer");
+    QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    auto it = std::find(buffers_.begin(), buffers_.end(), buffer);
+    if (it == buffers_.end()) fail("cuda backend: free_buffer of memory it did not allocate");
+    buffers_.erase(it);
+    QWENRT_CUDA_CHECK(cudaFree(buffer));
+  }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    if (skip()) return;
+    QWENRT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                                      cudaMemcpyDeviceToDevice, stream_));
+  }
+  void fill_zero(void* dst, int64_t bytes) override {
+    if (skip()) return;
+    QWENRT_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), stream_));
+  }
+  void upload(const float* host, float* dst, int64_t n) override {
+    end_capture("upload");
+    QWENRT_CUDA_CHECK(cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4,
+                                      cudaMemcpyHostToDevice, stream_));
+    QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host array may go away
+  }
+  void download(const float* src, float* host, int64_t n) override {
+    end_capture("download");
+    QWENRT_CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4,
+                                      cudaMemcpyDeviceToHost, stream_));
+    QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    collect_profile();
+  }
+
+  bool copies_weights() const override { return true; }
+  void set_place_progress(std::function<void(uint64_t, uint64_t)> progress,
+                          uint64_t total_bytes) override {
+    progress_ = std::move(progress);
+    progress_total_ = total_bytes;
+    progress_done_ = 0;
+  }
+
+  // Uploads through two pinned staging buffers, so reading the file (page faults from disk)
+  // overlaps the copies to the device. Types without a kernel are dequantised to F32 here.
+  Weight place(const Weight& w) override {
+    if (!w.present()) return w;
+    Weight out = w;
+    TensorView v = w.view;
+    std::vector<float> converted;
+    const uint64_t file_bytes = static_cast<uint64_t>(v.n_rows() * v.row_bytes());
+    if (v.nb[1] != v.row_bytes() || v.nb[2] != v.nb[1] * v.ne[1] || v.nb[3] != v.nb[2] * v.ne[2]) {
+      fail("cuda backend: tensor '{}' is not contiguous", w.name);
+    }
+    if (!cuda::has_kernel(v.dtype)) {
+      converted.resize(static_cast<size_t>(v.n_elements()));
+      quant::dequantize(v.dtype, v.data, converted.data(), v.n_elements(), w.name);
+      v = TensorView::contiguous(DType::F32, v.n_dims, v.ne, converted.data());
+    }
+    const int64_t bytes = v.n_rows() * v.row_bytes();
+    uint8_t* dst = weight_memory(bytes);
+    const uint8_t* src = static_cast<const uint8_t*>(v.data);
+    for (int64_t off = 0; off < bytes; off += kStageBytes) {
+      const int64_t len = std::min(kStageBytes, bytes - off);
+      const int i = stage_next_;
+      stage_next_ ^= 1;
+      QWENRT_CUDA_CHECK(cudaEventSynchronize(stage_done_[i]));
+      uint8_t* stage = stage_[i].get(kStageBytes);
+      std::memcpy(stage, src + off, static_cast<size_t>(len));
+      QWENRT_CUDA_CHECK(cudaMemcpyAsync(dst + off, stage, static_cast<size_t>(len),
+                                        cudaMemcpyHostToDevice, stream_));
+      QWENRT_CUDA_CHECK(cudaEventRecord(stage_done_[i], stream_));
+    }
+    placed_bytes_ += bytes;
+    progress_done_ += file_bytes;
+    if (progress_) progress_(std::min(progress_done_, progress_total_), progress_total_);
+    out.view = v;
+    out.view.data = dst;
+    return out;
+  }
+
+  // ---- The step ----
+  void begin_step(const StepLayout& layout) override {
+    if (mode_ == Mode::kCapture) abort_capture();
+    mode_ = Mode::kEager;
+    QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the staging buffer is free again
+    host_step_ = layout;
+    upload_layout(layout);
+    choose_mode(layout);
+  }
+
+  void embed(const Weight& table, float* out) override {
+    if (skip()) return;
+    Scope s(this, kEmbed);
+    cuda::embed_rows(matrix(table), dstep_.tokens, dstep_.n, out, stream_);
+  }
+  void matmul(const Weight& w, const float* x, float* y, int64_t n) override {
+    if (skip(matmul_ws(w, n))) return;
+    Scope s(this, kMatmul);
+    const Matrix m = matrix(w);
+    cuda::matmul(m, x, y, n, ws_, stream_);
+  }
+  void matmuls(const float* x, int64_t n, std::span<const Projection> projections) override {
+    cuda::Projection p[kMaxProjections];
+    if (projections.size() > kMaxProjections) return Ops::matmuls(x, n, projections);
+    for (size_t i = 0; i < projections.size(); ++i) p[i] = {matrix(*projections[i].w), projections[i].y};
+    const int n_p = static_cast<int>(projections.size());
+    if (skip(cuda::matmul_group_workspace_bytes(p, n_p, n))) return;
+    Scope s(this, kMatmul);
+    cuda::matmul_group(p, n_p, x, n, ws_, stream_);
+  }
+  void rmsnorm(const float* x, const Weight& weight, float* out, int64_t rows, int64_t dim,
+               float eps) override {
+    if (skip()) return;
+    Scope s(this, kNorm);
+    cuda::rmsnorm(x, ref::f32_data(weight), out, rows, dim, eps, stream_);
+  }
+  void add_rmsnorm(float* x, const float* delta, const Weight& weight, float* out, int64_t rows,
+                   int64_t dim, float eps) override {
+    if (skip()) return;
+    Scope s(this, kNorm);
+    cuda::add_rmsnorm(x, delta, ref::f32_data(weight), out, rows, dim, eps, stream_);
+  }
+  void rope_neox(float* x, int n_heads, int head_dim, int64_t token_stride, int n_rot,
+                 float theta) override {
+    if (skip()) return;
+    Scope s(this, kRope);
+    cuda::rope_neox(x, dstep_.positions, dstep_.n, n_heads, head_dim, token_stride, n_rot, theta,
+                    stream_);
+  }
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::silu_mul(gate, up, out, n, stream_);
+  }
+  void sigmoid_mul(const float* x, const float* gate, int64_t gate_stride, float* out, int64_t rows,
+                   int64_t cols) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::sigmoid_mul(x, gate, gate_stride, out, rows, cols, stream_);
+  }
+  void add(const float* a, const float* b, float* out, int64_t n) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::add(a, b, out, n, stream_);
+  }
+  void copy_2d(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+               int64_t cols) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::copy_2d(src, src_stride, dst, dst_stride, rows, cols, stream_);
+  }
+  void gather_output_rows(const float* x, int64_t dim, float* out) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::gather_rows(x, dim, dstep_.output_rows, dstep_.n_output_rows, out, stream_);
+  }
+  void ffn_swiglu(const Weight& gate, const Weight& up, const Weight& down, const float* x,
+                  float* out, int64_t n) override {
+    const int64_t ff = gate.view.ne[1];
+    float* mid = alloc(n * ff);
+    const Matrix g = matrix(gate), u = matrix(up), d = matrix(down);
+    const int64_t ws_bytes =
+        std::max(cuda::matmul_workspace_bytes(g, n), cuda::matmul_workspace_bytes(d, n));
+    if (skip(ws_bytes)) return;
+    Scope s(this, kFfn);
+    cuda::matmul_swiglu(g, u, x, mid, n, ws_, stream_);
+    cuda::matmul(d, mid, out, n, ws_, stream_);
+  }
+
+  // ---- Blocks ----
+  void attention(const AttentionArgs& a) override {
+    cuda::DeviceStep step = dstep_;
+    step.max_tokens = dstep_.page_table_stride * a.kv.page_size;
+    if (skip(cuda::attention_workspace_bytes(step, a.n_head, a.head_dim))) return;
+    Scope s(this, kAttention);
+    cuda::attention(step, a, ws_, stream_);
+  }
+  void deltanet(const DeltaNetArgs& a) override {
+    if (skip(cuda::deltanet_workspace_bytes(dstep_, a))) return;
+    Scope s(this, kDeltaNet);
+    cuda::deltanet(dstep_, a, ws_, stream_);
+  }
+  void moe(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert,
+           int k) override {
+    const int64_t dim = w.down_exps.view.ne[1];
+    const bool fused = w.gate_up_exps.present();
+    const Matrix gate_up = fused ? matrix(w.gate_up_exps) : Matrix{};
+    Matrix gate = fused ? gate_up : matrix(w.gate_exps);
+    Matrix up = fused ? gate_up : matrix(w.up_exps);
+    if (fused) {  // gate rows, then up rows, of each expert
+      gate.out = up.out = gate_up.out / 2;
+      up.data = static_cast<const uint8_t*>(gate_up.data) + gate.out * gate_up.row_bytes;
+    }
+    const Matrix down = matrix(w.down_exps), router = matrix(w.router);
+    const int64_t ff = gate.out;
+    const bool shared = w.shared_down.present();
+    float* logits = alloc(n * n_expert);
+    auto* ids = reinterpret_cast<int32_t*>(alloc(n * k));
+    float* weights = alloc(n * k);
+    float* mid = alloc(n * k * ff);
+    float* routed = shared ? alloc(n * dim) : out;
+    const Matrix sg = shared ? matrix(w.shared_gate) : Matrix{};
+    const Matrix su = shared ? matrix(w.shared_up) : Matrix{};
+    const Matrix sd = shared ? matrix(w.shared_down) : Matrix{};
+    const int64_t sff = shared ? sg.out : 0;
+    float* smid = shared ? alloc(n * sff) : nullptr;
+    float* sout = shared ? alloc(n * dim) : nullptr;
+    int64_t ws_bytes = std::max({cuda::matmul_workspace_bytes(router, n),
+                                 cuda::matmul_workspace_bytes(gate, n * k),
+                                 cuda::matmul_workspace_bytes(down, n * k)});
+    if (shared) {
+      ws_bytes = std::max({ws_bytes, cuda::matmul_workspace_bytes(sg, n),
+                           cuda::matmul_workspace_bytes(sd, n)});
+    }
+    if (skip(ws_bytes)) return;
+    Scope s(this, kMoe);
+    cuda::matmul(router, x, logits, n, ws_, stream_);
+    cuda::moe_route(logits, n, n_expert, k, ids, weights, stream_);
+    cuda::experts_swiglu(gate, up, ids, k, x, mid, n, ws_, stream_);
+    cuda::experts_down(down, ids, weights, k, mid, routed, n, ws_, stream_);
+    if (shared) {
+      cuda::matmul_swiglu(sg, su, x, smid, n, ws_, stream_);
+      cuda::matmul(sd, smid, sout, n, ws_, stream_);
+      cuda::moe_combine(routed, sout, x, ref::f32_data(w.shared_gate_inp), out, n, dim, stream_);
+    }
+  }
+
+  // ---- The end of a step ----
+  void sample(const float* logits, int64_t n_vocab, const SamplingRow* rows, int n_top,
+              SampledToken* out) override {
+    end_capture(nullptr);
+    const int64_t n_rows = host_step_.n_output_rows;
+    if (n_rows == 0) return;
+    // Pack the rows and their arrays, validated as ref does.
+    int64_t n_bias = 0, n_hist = 0;
+    for (int64_t i = 0; i < n_rows; ++i) {
+      n_bias += static_cast<int64_t>(rows[i].logit_bias.size());
+      n_hist += static_cast<int64_t>(rows[i].history.size());
+    }
+    const int64_t rows_bytes = round_up(n_rows * int64_t{sizeof(cuda::DeviceSamplingRow)}, 256);
+    const int64_t bias_ids_off = rows_bytes, bias_val_off = bias_ids_off + round_up(n_bias * 4, 256);
+    const int64_t hist_off = bias_val_off + round_up(n_bias * 4, 256);
+    const int64_t total = hist_off + round_up(n_hist * 4, 256);
+    uint8_t* host = sample_stage_.get(total);
+    auto* drows = reinterpret_cast<cuda::DeviceSamplingRow*>(host);
+    auto* bias_ids = reinterpret_cast<int32_t*>(host + bias_ids_off);
+    auto* bias_vals = reinterpret_cast<float*>(host + bias_val_off);
+    auto* hist = reinterpret_cast<int32_t*>(host + hist_off);
+    int32_t nb = 0, nh = 0;
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const SamplingRow& r = rows[i];
+      cuda::DeviceSamplingRow& d = drows[i];
+      d.temperature = r.temperature;
+      d.top_p = r.top_p;
+      d.min_p = r.min_p;
+      d.top_k = r.top_k;
+      d.presence_penalty = r.presence_penalty;
+      d.frequency_penalty = r.frequency_penalty;
+      d.repetition_penalty = r.repetition_penalty;
+      d.bias_begin = nb;
+      d.bias_count = static_cast<int32_t>(r.logit_bias.size());
+      for (const auto& [id, bias] : r.logit_bias) {
+        if (id < 0 || id >= n_vocab) {
+          fail("logit_bias: token id {} is outside the vocabulary of {}", id, n_vocab);
+        }
+        bias_ids[nb] = id;
+        bias_vals[nb++] = bias;
+      }
+      d.history_begin = nh;
+      d.history_count = static_cast<int32_t>(r.history.size());
+      for (int32_t t : r.history) hist[nh++] = t;
+      d.u = r.u;
+      d.n_top = n_top;
+    }
+    uint8_t* dev = sample_dev_.get(total);
+    QWENRT_CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(total),
+                                      cudaMemcpyHostToDevice, stream_));
+    const int64_t out_bytes = n_rows * int64_t{sizeof(SampledToken)};
+    auto* dout = reinterpret_cast<SampledToken*>(sample_out_dev_.get(out_bytes));
+    void* ws = arena_.take(cuda::sample_workspace_bytes(n_rows, n_vocab));
+    {
+      Scope s(this, kSample);
+      cuda::sample(logits, n_vocab, reinterpret_cast<const cuda::DeviceSamplingRow*>(dev), n_rows,
+                   reinterpret_cast<const int32_t*>(dev + bias_ids_off),
+                   reinterpret_cast<const float*>(dev + bias_val_off),
+                   reinterpret_cast<const int32_t*>(dev + hist_off), dout, ws, stream_);
+    }
+    auto* hout = reinterpret_cast<SampledToken*>(sample_out_host_.get(out_bytes));
+    QWENRT_CUDA_CHECK(cudaMemcpyAsync(hout, dout, static_cast<size_t>(out_bytes),
+                                      cudaMemcpyDeviceToHost, stream_));
+    QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    collect_profile();
+    for (int64_t i = 0; i < n_rows; ++i) {
+      if (hout[i].id < 0) fail("sampling: every token was excluded");
+      out[i] = hout[i];
+    }
+  }
+
+ private:
+  static constexpr int64_t kStageBytes = int64_t{64} << 20;
+  static constexpr int64_t kWeightChunk = int64_t{1} << 30;
+  static constexpr size_t kMaxProjections = 8;
+  static constexpr int64_t kMaxGraphRows = 16;
+
+  enum class Mode { kEager, kCapture, kReplay };
+  // What a captured step is keyed by: everything that sets a launch's shape.
+  using GraphKey = std::tuple<int64_t, int, int64_t, int64_t, int>;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t generation = 0;
+    int64_t n_ops = 0;
+    size_t n_nodes = 0;
+  };
+
+  // Times one op with events when profiling.
+  struct Scope {
+    Scope(CudaOps* ops, OpClass c) : ops_(ops), class_(c) {
+      if (ops_->profile_) ops_->profile_begin(c);
+    }
+    ~Scope() {
+      if (ops_->profile_) ops_->profile_end();
+    }
+    CudaOps* ops_;
+    OpClass class_;
+  };
+
+  Matrix matrix(const Weight& w) const {
+    const TensorView& v = w.view;
+    return {.dtype = v.dtype,
+            .in = v.ne[0],
+            .out = v.ne[1],
+            .n_expert = v.ne[2],
+            .row_bytes = v.nb[1],
+            .expert_bytes = v.nb[2],
+            .data = v.data};
+  }
+  int64_t matmul_ws(const Weight& w, int64_t n) const {
+    return cuda::matmul_workspace_bytes(matrix(w), n);
+  }
+
+  uint8_t* weight_memory(int64_t bytes) {
+    bytes = round_up(bytes, 256);
+    if (weight_chunks_.empty() || weight_used_ + bytes > weight_chunk_size_) {
+      weight_chunk_size_ = std::max(kWeightChunk, bytes);
+      void* p = nullptr;
+      if (cudaMalloc(&p, static_cast<size_t>(weight_chunk_size_)) != cudaSuccess) {
+        cudaGetLastError();
+        fail("cuda backend: out of device memory placing the weights ({} bytes placed so far)",
+             placed_bytes_);
+      }
+      weight_chunks_.push_back(p);
+      weight_used_ = 0;
+    }
+    uint8_t* p = static_cast<uint8_t*>(weight_chunks_.back()) + weight_used_;
+    weight_used_ += bytes;
+    return p;
+  }
+
+  // The step's arrays in one pinned buffer, then one copy to the device.
+  void upload_layout(const StepLayout& l) {
+    int max_slot = -1;
+    int64_t max_count = 0;
+    for (int s = 0; s < l.n_spans; ++s) {
+      max_slot = std::max(max_slot, static_cast<int>(l.spans[s].slot));
+      max_count = std::max<int64_t>(max_count, l.spans[s].count);
+    }
+    const int64_t pt_ints = (max_slot + 1) * l.page_table_stride;
+    const int64_t tok_off = 0, pos_off = round_up(l.n * 4, 256);
+    const int64_t span_off = pos_off + round_up(l.n * 4, 256);
+    const int64_t out_off = span_off + round_up(l.n_spans * int64_t{sizeof(Span)}, 256);
+    const int64_t pt_off = out_off + round_up(l.n_output_rows * 4, 256);
+    const int64_t total = pt_off + round_up(pt_ints * 4, 256);
+    uint8_t* host = layout_stage_.get(total);
+    if (l.n) {
+      std::memcpy(host + tok_off, l.tokens, l.n * 4);
+      std::memcpy(host + pos_off, l.positions, l.n * 4);
+    }
+    if (l.n_spans) std::memcpy(host + span_off, l.spans, l.n_spans * sizeof(Span));
+    if (l.n_output_rows) std::memcpy(host + out_off, l.output_rows, l.n_output_rows * 4);
+    if (pt_ints) std::memcpy(host + pt_off, l.page_tables, pt_ints * 4);
+    bool grew = false;
+    uint8_t* dev = layout_dev_.get(total, &grew);
+    if (grew) ++layout_generation_;
+    QWENRT_CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(total),
+                                      cudaMemcpyHostToDevice, stream_));
+    dstep_ = {.tokens = reinterpret_cast<const int32_t*>(dev + tok_off),
+              .positions = reinterpret_cast<const int32_t*>(dev + pos_off),
+              .n = l.n,
+              .spans = reinterpret_cast<const Span*>(dev + span_off),
+              .n_spans = l.n_spans,
+              .output_rows = reinterpret_cast<const int32_t*>(dev + out_off),
+              .n_output_rows = l.n_output_rows,
+              .page_tables = reinterpret_cast<const int32_t*>(dev + pt_off),
+              .page_table_stride = l.page_table_stride,
+              .max_tokens = 0,
+              .max_span_count = max_count};
+    // A graph bakes in these addresses: the offsets follow from n, n_spans and n_output_rows (part
+    // of its key), the buffer's address from layout_generation_.
+  }
+
+  uint64_t generation() const { return arena_.generation() * 1000003u + layout_generation_; }
+
+  void choose_mode(const StepLayout& l) {
+    mode_ = Mode::kEager;
+    if (!graphs_enabled_ || !l.ends_in_sample || l.n > kMaxGraphRows) return;
+    const GraphKey key{l.n, l.n_spans, l.n_output_rows, dstep_.max_span_count,
+                       static_cast<int>(l.deltanet_mode)};
+    auto it = graphs_.find(key);
+    if (it != graphs_.end() && it->second.generation == generation()) {
+      mode_ = Mode::kReplay;
+      replay_ = &it->second;
+      op_count_ = 0;
+      return;
+    }
+    if (it != graphs_.end()) {  // addresses moved since it was captured
+      QWENRT_CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));
+      graphs_.erase(it);
+    }
+    if (seen_[key]++ == 0) return;  // the first step of a shape runs eagerly (warm-up)
+    mode_ = Mode::kCapture;
+    capture_key_ = key;
+    capture_generation_ = generation();
+    op_count_ = 0;
+    QWENRT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  }
+
+  // Every op starts here: true means the op is part of a graph that replays, so it only counts
+  // and takes its workspace (the same addresses as at capture). `ws_bytes` of workspace go to ws_.
+  bool skip(int64_t ws_bytes = 0) {
+    ws_ = ws_bytes > 0 ? arena_.take(ws_bytes) : nullptr;
+    ++op_count_;
+    return mode_ == Mode::kReplay;
+  }
+
+  void outside_step(const char* what) {
+    if (mode_ != Mode::kEager) fail("cuda backend: {} inside a captured step", what);
+    QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // placed weights are on the device
+  }
+
+  // Ends the graph part of a step: a capture is instantiated and run, a replay is launched.
+  // `what` (not null) names an op that cannot be part of a graph: after a capture that shape is
+  // marked as never captured again.
+  void end_capture(const char* what) {
+    if (mode_ == Mode::kCapture) {
+      cudaGraph_t graph = nullptr;
+      QWENRT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      Graph g;
+      QWENRT_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
+      QWENRT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &g.n_nodes));
+      QWENRT_CUDA_CHECK(cudaGraphDestroy(graph));
+      g.generation = capture_generation_;
+      g.n_ops = op_count_;
+      QWENRT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+      if (g.generation != generation() || what) {
+        QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        QWENRT_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+        if (what) seen_[capture_key_] = -1000000;  // never again for this shape
+      } else {
+        log(LogLevel::kInfo, "cuda: captured a {}-row step: {} ops, {} graph nodes",
+            std::get<0>(capture_key_), g.n_ops, g.n_nodes);
+        graphs_[capture_key_] = g;
+      }
+    } else if (mode_ == Mode::kReplay) {
+      if (what) fail("cuda backend: {} inside a replayed step", what);
+      if (op_count_ != replay_->n_ops) {
+        fail("cuda backend: a replayed step called {} ops, its graph holds {}", op_count_,
+             replay_->n_ops);
+      }
+      QWENRT_CUDA_CHECK(cudaGraphLaunch(replay_->exec, stream_));
+    }
+    mode_ = Mode::kEager;
+  }
+
+  void abort_capture() {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    mode_ = Mode::kEager;
+  }
+
+  // ---- Profiling ----
+  struct ProfileEvent {
+    cudaEvent_t start, stop;
+    OpClass op;
+  };
+  void profile_begin(OpClass c) {
+    if (profile_used_ == profile_events_.size()) {
+      ProfileEvent e{};
+      QWENRT_CUDA_CHECK(cudaEventCreate(&e.start));
+      QWENRT_CUDA_CHECK(cudaEventCreate(&e.stop));
+      profile_events_.push_back(e);
+    }
+    ProfileEvent& e = profile_events_[profile_used_];
+    e.op = c;
+    QWENRT_CUDA_CHECK(cudaEventRecord(e.start, stream_));
+  }
+  void profile_end() {
+    QWENRT_CUDA_CHECK(cudaEventRecord(profile_events_[profile_used_].stop, stream_));
+    ++profile_used_;
+  }
+  void collect_profile() {
+    if (!profile_) return;
+    for (size_t i = 0; i < profile_used_; ++i) {
+      float ms = 0;
+      QWENRT_CUDA_CHECK(cudaEventElapsedTime(&ms, profile_events_[i].start, profile_events_[i].stop));
+      profile_ms_[profile_events_[i].op] += ms;
+      ++profile_calls_[profile_events_[i].op];
+    }
+    if (profile_used_) ++profile_steps_;
+    profile_used_ = 0;
+  }
+  void print_profile() const {
+    double total = 0;
+    for (double ms : profile_ms_) total += ms;
+    std::string text = fmt::format("cuda profile: {} steps, {:.3f} ms of ops\n", profile_steps_, total);
+    for (int c = 0; c < kNumClasses; ++c) {
+      if (!profile_calls_[c]) continue;
+      text += fmt::format("  {:<12} {:>10.3f} ms {:>5.1f}% {:>8} calls\n", kOpClasses[c],
+                          profile_ms_[c], total > 0 ? 100 * profile_ms_[c] / total : 0.0,
+                          profile_calls_[c]);
+    }
+    std::fputs(text.c_str(), stderr);
+  }
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  DeviceArena arena_;
+  void* ws_ = nullptr;
+  std::vector<void*> buffers_;
+  std::vector<void*> weight_chunks_;
+  int64_t weight_used_ = 0, weight_chunk_size_ = 0, placed_bytes_ = 0;
+  PinnedBuffer stage_[2];
+  cudaEvent_t stage_done_[2] = {};
+  int stage_next_ = 0;
+  std::function<void(uint64_t, uint64_t)> progress_;
+  uint64_t progress_total_ = 0, progress_done_ = 0;
+
+  StepLayout host_step_;
+  cuda::DeviceStep dstep_;
+  PinnedBuffer layout_stage_;
+  DeviceBuffer layout_dev_;
+  uint64_t layout_generation_ = 0;
+  PinnedBuffer sample_stage_, sample_out_host_;
+  DeviceBuffer sample_dev_, sample_out_dev_;
+
+  bool graphs_enabled_ = true;
+  Mode mode_ = Mode::kEager;
+  std::map<GraphKey, Graph> graphs_;
+  std::map<GraphKey, int> seen_;
+  GraphKey capture_key_{};
+  uint64_t capture_generation_ = 0;
+  Graph* replay_ = nullptr;
+  int64_t op_count_ = 0;
+
+  bool profile_ = false;
+  std::vector<ProfileEvent> profile_events_;
+  size_t profile_used_ = 0;
+  double profile_ms_[kNumClasses] = {};
+  int64_t profile_calls_[kNumClasses] = {};
+  int64_t profile_steps_ = 0;
+};
+
+}  // namespace
+
+bool cuda_available() {
+  static const bool available = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return count > 0;
+  }();
+  return available;
+}
+
+std::unique_ptr<Ops> make_cuda_ops(int device) {
+  if (!cuda_available()) fail("cuda backend: no usable GPU (cudaGetDeviceCount found none)");
+  return std::make_unique<CudaOps>(device);
+}
+
+}  // namespace qwenrt::ops
