@@ -1,0 +1,419 @@
+// The Gated DeltaNet core on the GPU (ref::deltanet_spans; SPEC: Gated DeltaNet steps 2-6) for
+// every span of a step, decode rows and prefill spans alike, in two launches:
+//
+//   1. conv_silu_kernel: the causal depthwise conv1d + SiLU of every channel of every row, with
+//      the slot's conv state (read, then shifted), into the workspace `mixed` [n, C].
+//   2. delta_rule_kernel: one block per (span, V head) runs the recurrence over the span's tokens
+//      with the head's [D, D] state in registers: L2 norms of q and k, the gates, the delta rule,
+//      and the gated RMSNorm, straight into out.
+//
+// Why two launches and not one: the q and k channels of K head hk feed every V head h with
+// h % Hk == hk, so in one launch Hv/Hk blocks would read those channels' conv state while one of
+// them shifts it, and a launch has no ordering between blocks (a cooperative or cluster launch
+// would, at the price of an sm_90-only path). The alternative, one block per K head with all of
+// its V heads, leaves 16 blocks (of 132 SMs) moving 128-192 KiB each for a single decode row.
+// The extra kernel boundary costs about 1 us per layer (NOTES-gpu.md); the conv launch itself
+// moves n * C * 8 bytes.
+//
+// Both kernels are exact (no chunking): prefill runs the recurrence token by token. The chunked
+// tensor-core form for long spans is the next step.
+#include <cstdint>
+#include <string>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/kernels.h"
+
+namespace qwenrt::ops::cuda {
+namespace {
+
+__device__ __forceinline__ float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// ---- 1. conv1d + SiLU ----
+// Thread = channel, block = 128 channels x a tile of kConvRows consecutive rows (the rows of any
+// spans: a tile of decode rows covers up to 16 spans, a prefill span covers many tiles). The grid
+// depends on n and C only; a block finds its spans from the device span array.
+//
+// Conv state ownership, the one subtle point: token t of a span reads the old state when t < K-1,
+// and the new state is the last K-1 inputs. So the tile where a span starts processes that span's
+// tokens 0 .. max(tile end, K-1) (past its tile end if need be), and then writes the new state;
+// other tiles skip the span's first K-1 tokens. The old state is thus read and replaced by one
+// thread, with nobody else touching it.
+constexpr int kConvThreads = 128;
+constexpr int kConvRows = 16;
+constexpr int kMaxConvK = 8;
+
+template <int K>
+__global__ void __launch_bounds__(kConvThreads, 4)  // 4: ptxas spills at its own default
+    conv_silu_kernel(const Span* __restrict__ spans, int n_spans, int64_t n,
+                     const float* __restrict__ x, const float* __restrict__ kernel,
+                     float* __restrict__ conv_state, float* __restrict__ mixed, int64_t C) {
+  __shared__ int s_first;
+  __shared__ Span s_spans[kConvRows];  // the spans intersecting this tile; count 0 ends the list
+  const int64_t r0 = int64_t{blockIdx.y} * kConvRows;
+  const int64_t r1 = r0 + kConvRows < n ? r0 + kConvRows : n;
+  // The span holding row r0: spans cover [0, n) in order, so exactly one thread finds it (the
+  // default only guards against a malformed layout: the tile then processes nothing).
+  if (threadIdx.x == 0) s_first = n_spans;
+  __syncthreads();
+  for (int s = threadIdx.x; s < n_spans; s += blockDim.x) {
+    const Span sp = spans[s];
+    if (sp.begin <= r0 && r0 < int64_t{sp.begin} + sp.count) s_first = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < kConvRows) {
+    const int s = s_first + threadIdx.x;
+    Span sp{};
+    if (s < n_spans) sp = spans[s];
+    if (s >= n_spans || sp.begin >= r1) sp.count = 0;
+    s_spans[threadIdx.x] = sp;
+  }
+  __syncthreads();
+
+  const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float w[K];  // ggml [K, C]: channel c's taps are contiguous, oldest input first
+#pragma unroll
+  for (int j = 0; j < K; ++j) w[j] = kernel[c * K + j];
+  for (int i = 0; i < kConvRows && s_spans[i].count > 0; ++i) {
+    const Span sp = s_spans[i];
+    const int64_t begin = sp.begin, count = sp.count;
+    const bool starts_here = begin >= r0;
+    const int64_t t_lo = starts_here ? 0 : (r0 - begin > K - 1 ? r0 - begin : K - 1);
+    const int64_t tile_end = r1 - begin;
+    const int64_t t_hi_want = starts_here && tile_end < K - 1 ? K - 1 : tile_end;
+    const int64_t t_hi = t_hi_want < count ? t_hi_want : count;
+    if (t_lo >= t_hi && !starts_here) continue;
+    float* state = conv_state + int64_t{sp.slot} * (K - 1) * C + c;
+    // win[j] = input at window position t_lo + j, where positions 0..K-2 are the old state and
+    // position p >= K-1 is the span's row p - (K-1).
+    float win[K];
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) {
+      const int64_t p = t_lo + j;
+      win[j] = p < K - 1 ? state[p * C] : x[(begin + p - (K - 1)) * C + c];
+    }
+    for (int64_t t = t_lo; t < t_hi; ++t) {
+      win[K - 1] = x[(begin + t) * C + c];
+      float acc = 0;
+#pragma unroll
+      for (int j = 0; j < K; ++j) acc = fmaf(w[j], win[j], acc);
+      mixed[(begin + t) * C + c] = silu(acc);
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
+    }
+    if (starts_here) {
+      // The new state: window positions count .. count + K-2. When this thread processed the
+      // whole span they are in win; otherwise the span has more than K-1 rows and they are its
+      // last K-1 inputs.
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) {
+        state[j * C] = t_hi == count ? win[j] : x[(begin + count - (K - 1) + j) * C + c];
+      }
+    }
+  }
+}
+
+// ---- 2. the delta rule and the gated norm ----
+// Block = (V head h, span), kParts * D threads: thread (p, j) owns value column j of the head's
+// state S [D (key)][D (value)] for keys p*R .. p*R + R-1 (R = D / kParts). A warp is 32
+// consecutive columns of one key slice, so every state load and store is a coalesced 128-byte
+// row segment. Per token:
+//   A. p = 0 threads publish q_j, k_j (raw conv outputs) and sum q.q, k.k, q.k per warp; p = 1
+//      threads publish v_j; thread D computes the gates; all prefetch the next token's inputs.
+//   B. each thread forms its partial S^T k and S^T q over its R keys (old state, raw q, k).
+//   C. the kParts partials of column j are summed (fixed order: identical in every part), then
+//        kv_mem = exp(g) S^T k^,  d = (v - kv_mem) beta,  S = exp(g) S + k^ d^T,
+//        o = S_new^T q^ / sqrt(D) = (exp(g) S^T q^ + d (k^.q^)) / sqrt(D)
+//      (the last form reads the old state, so one reduction serves both products; it is the
+//      reference's o = S^T q after the update, up to fp32 rounding), and p = 0 sums o^2 per warp.
+//   D. p = 0 threads write out_j = o_j / rms(o) * norm_j * silu(z_j).
+// Three __syncthreads per token; the shared buffers of phases A-C are not reused before the
+// barrier that follows their last read (see the comments at each barrier).
+//
+// kR > 0: the state lives in registers for the whole span (D = kParts * kR <= 128: 32 floats per
+// thread at D = 128, 512 threads, 64 KiB per block). kR == 0: D > 128, whose 256 KiB state does
+// not fit one SM; the state stays in global memory and is read twice and written once per token
+// (only this block touches it), slower but exact. No shipped model has D > 128.
+constexpr int kParts = 4;
+constexpr int kMaxD = 256;
+
+struct DeltaParams {
+  const Span* spans;
+  const float* mixed;  // [n, C] conv + SiLU outputs: q [Hk D] | k [Hk D] | v [Hv D] per row
+  const float* z;      // [n, Hv D]
+  const float* alpha;  // [n, Hv]
+  const float* beta;   // [n, Hv]
+  const float* dt_bias;
+  const float* a;
+  const float* norm;   // [D]
+  float* delta_state;  // [n_slots, Hv, D, D]
+  float* out;          // [n, Hv D]
+  int64_t C;
+  int n_k_heads, n_v_heads, head_dim;
+  float eps;
+};
+
+template <int kR>
+__global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD)
+    delta_rule_kernel(const DeltaParams prm) {
+  __shared__ float s_q[kMaxD], s_k[kMaxD], s_v[kMaxD];
+  __shared__ float s_norms[3][kMaxD / 32];   // per-warp q.q, k.k, q.k of the current token
+  __shared__ float s_red[2][kParts][kMaxD];  // per-part S^T k, S^T q
+  __shared__ float s_o2[kMaxD / 32];         // per-warp o.o
+  __shared__ float s_gate[2];                // exp(g), beta
+
+  const int D = kR > 0 ? kParts * kR : prm.head_dim;
+  const int R = kR > 0 ? kR : D / kParts;
+  const int h = blockIdx.x, Hv = prm.n_v_heads, hk = h % prm.n_k_heads;
+  const int j = threadIdx.x % D, p = threadIdx.x / D;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;  // warps < D/32 have p = 0
+  const Span span = prm.spans[blockIdx.y];
+  const int64_t C = prm.C, nk = int64_t{prm.n_k_heads} * D, nv = int64_t{Hv} * D;
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  float* S = prm.delta_state + (int64_t{span.slot} * Hv + h) * D * D + int64_t{p} * R * D + j;
+
+  float st[kR > 0 ? kR : 1];
+  if constexpr (kR > 0) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) st[r] = S[int64_t{r} * D];
+  }
+
+  // The next token's inputs, fetched one token ahead so their latency hides behind the current
+  // token's math: p = 0 holds q_j, k_j, z_j; p = 1 holds v_j; thread D holds the gate logits.
+  float next_q = 0, next_k = 0, next_z = 0, next_v = 0, next_alpha = 0, next_beta = 0;
+  auto fetch = [&](int64_t row) {
+    const float* m = prm.mixed + row * C;
+    if (p == 0) {
+      next_q = m[int64_t{hk} * D + j];
+      next_k = m[nk + int64_t{hk} * D + j];
+      next_z = prm.z[row * nv + int64_t{h} * D + j];
+    } else if (p == 1) {
+      next_v = m[2 * nk + int64_t{h} * D + j];
+      if (j == 0) {
+        next_alpha = prm.alpha[row * Hv + h];
+        next_beta = prm.beta[row * Hv + h];
+      }
+    }
+  };
+  if (span.count > 0) fetch(span.begin);
+  const float dt_bias = prm.dt_bias[h], a = prm.a[h];
+
+  for (int t = 0; t < span.count; ++t) {
+    const int64_t row = int64_t{span.begin} + t;
+    // A. Publish this token's inputs. (The previous token's readers of these buffers all passed
+    // barrier 3 of that token.)
+    float z = 0;
+    if (p == 0) {
+      s_q[j] = next_q;
+      s_k[j] = next_k;
+      z = next_z;
+      const float qq = warp_sum(next_q * next_q), kk = warp_sum(next_k * next_k),
+                  qk = warp_sum(next_q * next_k);
+      if (lane == 0) {
+        s_norms[0][warp] = qq;
+        s_norms[1][warp] = kk;
+        s_norms[2][warp] = qk;
+      }
+    } else if (p == 1) {
+      s_v[j] = next_v;
+      if (j == 0) {
+        const float x = next_alpha + dt_bias;
+        const float softplus = x > 20.0f ? x : log1pf(expf(x));
+        s_gate[0] = expf(a * softplus);
+        s_gate[1] = 1.0f / (1.0f + expf(-next_beta));
+      }
+    }
+    if (t + 1 < span.count) fetch(row + 1);
+    __syncthreads();  // 1: inputs published
+
+    // B. Partial products over this thread's keys, from the old state and the raw q, k.
+    float qq = 0, kk = 0, qk = 0;
+    for (int w = 0; w < D / 32; ++w) {
+      qq += s_norms[0][w];
+      kk += s_norms[1][w];
+      qk += s_norms[2][w];
+    }
+    const float inv_q = 1.0f / fmaxf(sqrtf(qq), prm.eps), inv_k = 1.0f / fmaxf(sqrtf(kk), prm.eps);
+    const float decay = s_gate[0], beta = s_gate[1];
+    const float* kp = s_k + p * R;
+    const float* qp = s_q + p * R;
+    float pk = 0, pq = 0;
+    if constexpr (kR > 0) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        pk = fmaf(st[r], kp[r], pk);
+        pq = fmaf(st[r], qp[r], pq);
+      }
+    } else {
+      for (int r = 0; r < R; ++r) {
+        const float s = S[int64_t{r} * D];
+        pk = fmaf(s, kp[r], pk);
+        pq = fmaf(s, qp[r], pq);
+      }
+    }
+    s_red[0][p][j] = pk;
+    s_red[1][p][j] = pq;
+    __syncthreads();  // 2: partials published (s_norms, s_gate are not written again before 1)
+
+    // C. The update of column j, and o_j.
+    float sk = 0, sq = 0;
+#pragma unroll
+    for (int i = 0; i < kParts; ++i) {
+      sk += s_red[0][i][j];
+      sq += s_red[1][i][j];
+    }
+    const float kv_mem = decay * sk * inv_k;
+    const float d = (s_v[j] - kv_mem) * beta;
+    if constexpr (kR > 0) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) st[r] = fmaf(kp[r] * inv_k, d, st[r] * decay);
+    } else {
+      for (int r = 0; r < R; ++r) {
+        float* s = S + int64_t{r} * D;
+        *s = fmaf(kp[r] * inv_k, d, *s * decay);
+      }
+    }
+    float o = 0;
+    if (p == 0) {
+      o = (decay * sq * inv_q + d * (qk * inv_q * inv_k)) * scale;
+      const float oo = warp_sum(o * o);
+      if (lane == 0) s_o2[warp] = oo;
+    }
+    __syncthreads();  // 3: o.o published; s_q, s_k, s_v, s_red are free for the next token
+
+    // D. The gated RMSNorm of the head's output row. (s_o2 is next written after barrier 2 of
+    // the next token, which every thread reaches only after this read.)
+    if (p == 0) {
+      float oo = 0;
+      for (int w = 0; w < D / 32; ++w) oo += s_o2[w];
+      const float inv_rms = 1.0f / sqrtf(oo / D + prm.eps);
+      prm.out[row * nv + int64_t{h} * D + j] = silu(z) * (o * inv_rms * prm.norm[j]);
+    }
+  }
+
+  if constexpr (kR > 0) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) S[int64_t{r} * D] = st[r];
+  }
+}
+
+const float* f32_device_data(const Weight& w, int64_t elements, const char* what) {
+  if (w.view.dtype != DType::F32 || w.view.n_elements() != elements) {
+    cuda_fail(std::string("deltanet: tensor '") + w.name + "' (" + what + "): expected F32 with " +
+              std::to_string(elements) + " elements, got " + std::to_string(w.view.n_elements()));
+  }
+  return static_cast<const float*>(w.view.data);
+}
+
+int64_t channels(const DeltaNetArgs& args) {
+  return 2 * int64_t{args.n_k_heads} * args.head_dim + int64_t{args.n_v_heads} * args.head_dim;
+}
+
+template <int K>
+void launch_conv(const DeviceStep& step, const float* qkv, const float* kernel, float* conv_state,
+                 float* mixed, int64_t C, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((C + kConvThreads - 1) / kConvThreads),
+                  static_cast<unsigned>((step.n + kConvRows - 1) / kConvRows));
+  conv_silu_kernel<K><<<grid, kConvThreads, 0, stream>>>(step.spans, step.n_spans, step.n, qkv,
+                                                         kernel, conv_state, mixed, C);
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+template <int kR>
+void launch_delta(const DeviceStep& step, const DeltaParams& prm, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(prm.n_v_heads), static_cast<unsigned>(step.n_spans));
+  delta_rule_kernel<kR><<<grid, kParts * prm.head_dim, 0, stream>>>(prm);
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+int64_t deltanet_workspace_bytes(const DeviceStep& step, const DeltaNetArgs& args) {
+  // The conv output `mixed` [n, C], rounded up to keep whatever follows 256-byte aligned.
+  return (step.n * channels(args) * int64_t{sizeof(float)} + 255) / 256 * 256;
+}
+
+void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
+              cudaStream_t stream) {
+  const int D = args.head_dim, Hk = args.n_k_heads, Hv = args.n_v_heads;
+  if (D % 32 != 0 || D <= 0 || D > kMaxD || Hk <= 0 || Hv % Hk != 0) {
+    cuda_fail("deltanet: head_dim " + std::to_string(D) + " must be a multiple of 32 up to " +
+              std::to_string(kMaxD) + " and n_v_heads " + std::to_string(Hv) +
+              " a multiple of n_k_heads " + std::to_string(Hk));
+  }
+  const int64_t C = channels(args);
+  const int64_t K = args.conv.view.ne[0];
+  if (K < 2 || K > kMaxConvK || args.conv.view.ne[1] != C) {
+    cuda_fail("deltanet: tensor '" + args.conv.name +
+              "': expected [K <= " + std::to_string(kMaxConvK) + ", " + std::to_string(C) +
+              "], got [" + std::to_string(args.conv.view.ne[0]) + ", " +
+              std::to_string(args.conv.view.ne[1]) + "]");
+  }
+  const float* kernel = f32_device_data(args.conv, K * C, "ssm_conv1d");
+  if (step.n == 0 || step.n_spans == 0) return;
+  float* mixed = static_cast<float*>(workspace);
+  switch (K) {
+    case 2:
+      launch_conv<2>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
+      break;
+    case 3:
+      launch_conv<3>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
+      break;
+    case 4:
+      launch_conv<4>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
+      break;
+    case 5:
+      launch_conv<5>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
+      break;
+    case 6:
+      launch_conv<6>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
+      break;
+    case 7:
+      launch_conv<7>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
+      break;
+    default:
+      launch_conv<8>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
+      break;
+  }
+  const DeltaParams prm{.spans = step.spans,
+                        .mixed = mixed,
+                        .z = args.z,
+                        .alpha = args.alpha,
+                        .beta = args.beta,
+                        .dt_bias = f32_device_data(args.dt_bias, Hv, "ssm_dt.bias"),
+                        .a = f32_device_data(args.a, Hv, "ssm_a"),
+                        .norm = f32_device_data(args.norm, D, "ssm_norm"),
+                        .delta_state = args.state.delta,
+                        .out = args.out,
+                        .C = C,
+                        .n_k_heads = Hk,
+                        .n_v_heads = Hv,
+                        .head_dim = D,
+                        .eps = args.eps};
+  switch (D) {
+    case 32:
+      launch_delta<8>(step, prm, stream);
+      break;
+    case 64:
+      launch_delta<16>(step, prm, stream);
+      break;
+    case 96:
+      launch_delta<24>(step, prm, stream);
+      break;
+    case 128:
+      launch_delta<32>(step, prm, stream);
+      break;
+    default:
+      launch_delta<0>(step, prm, stream);
+      break;  // 160..256: the state stays in memory
+  }
+}
+
+}  // namespace qwenrt::ops::cuda
