@@ -20,9 +20,13 @@
 //   device, so every launcher is capturable into a CUDA graph.
 #include <algorithm>
 #include <cstdint>
-#include <utility>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
 
-#include "core/error.h"
+#include "core/dtype.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/quant_blocks.cuh"
@@ -50,11 +54,37 @@ bool is_quantised(DType t) {
   }
 }
 
-// core/error.h's fail() with the format checked at run time: nvcc cannot evaluate fmt's
-// consteval format-string check.
+// Call errors go through cuda_fail (check.h: .cu files cannot use fmt), with the message built
+// here: each "{}" of `format` becomes the next argument.
+std::string to_text(std::string_view s) {
+  return std::string(s);
+}
+std::string to_text(const char* s) {
+  return s;
+}
+std::string to_text(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+template <class T>
+requires std::is_integral_v<T> std::string to_text(T v) {
+  return std::to_string(v);
+}
 template <class... Args>
-[[noreturn]] void bad_call(const char* format, Args&&... args) {
-  fail(fmt::runtime(format), std::forward<Args>(args)...);
+[[noreturn]] void bad_call(const char* format, const Args&... args) {
+  const std::vector<std::string> parts{to_text(args)...};
+  std::string message;
+  size_t next = 0;
+  for (const char* c = format; *c; ++c) {
+    if (c[0] == '{' && c[1] == '}' && next < parts.size()) {
+      message += parts[next++];
+      ++c;
+    } else {
+      message += *c;
+    }
+  }
+  cuda_fail(message);
 }
 
 int64_t align256(int64_t bytes) {
