@@ -11,12 +11,13 @@
                                               entries at the floor decoded 100 nats below it
     kld_check.py tokens A B                   compare two token-id sources (qwenrt tokenize output
                                               or llama.cpp base files)
-    kld_check.py paired REF.npy CPU.npy LLAMA.kld
+    kld_check.py paired [--name cpu] REF.npy CPU.npy LLAMA.kld
                                               per position KL(ref || cpu) and KL(ref || llama.cpp) over
                                               the reference's entries with log p > -16 (llama.cpp's
                                               support), llama.cpp's log-probs read from its own base
                                               file of the same text (uint16, as stored); means and
-                                              the paired difference
+                                              the paired difference; --name: the backend
+                                              whose logits CPU.npy holds (cuda: cuda_* keys)
     kld_check.py decode BASE.kld OUT.npy      llama.cpp file -> a --save-logits style file of its
                                               dequantised log-probs (for a converter round trip;
                                               entries at the floor 100 nats below it)
@@ -122,7 +123,7 @@ def tokens(a: Path, b: Path) -> dict:
             "first_difference": int(diff[0]) if len(diff) else None}
 
 
-def paired(ref_npy: Path, cpu_npy: Path, llama_kld: Path) -> dict:
+def paired(ref_npy: Path, cpu_npy: Path, llama_kld: Path, name: str = "cpu") -> dict:
     lr, tr = fmt.read_qwenrt_logits(ref_npy)
     lc, tc = fmt.read_qwenrt_logits(cpu_npy)
     b = fmt.read_llamacpp_base(llama_kld)
@@ -140,12 +141,14 @@ def paired(ref_npy: Path, cpu_npy: Path, llama_kld: Path) -> dict:
     d = kl_cpu - kl_llama
     n = len(d)
     top = lr.argmax(axis=1)
-    return {"rows": n, "cpu_mean_kld": float(kl_cpu.mean()), "llama_mean_kld": float(kl_llama.mean()),
-            "cpu_p99_kld": percentile(np.sort(kl_cpu), 0.99),
+    c = name
+    return {"rows": n, f"{c}_mean_kld": float(kl_cpu.mean()), "llama_mean_kld": float(kl_llama.mean()),
+            f"{c}_p99_kld": percentile(np.sort(kl_cpu), 0.99),
             "llama_p99_kld": percentile(np.sort(kl_llama), 0.99),
-            "cpu_minus_llama": float(d.mean()), "cpu_minus_llama_err": float(d.std(ddof=1) / np.sqrt(n)),
-            "rows_cpu_lower": int((d < 0).sum()),
-            "cpu_same_top1_pct": 100.0 * float((lc.argmax(axis=1) == top).mean()),
+            f"{c}_minus_llama": float(d.mean()),
+            f"{c}_minus_llama_err": float(d.std(ddof=1) / np.sqrt(n)),
+            f"rows_{c}_lower": int((d < 0).sum()),
+            f"{c}_same_top1_pct": 100.0 * float((lc.argmax(axis=1) == top).mean()),
             "llama_same_top1_pct": 100.0 * float((ll.argmax(axis=1) == top).mean())}
 
 
@@ -162,13 +165,18 @@ def decode(base_kld: Path, out_npy: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    parsers = {}
     for name, nargs in (("exact", 2), ("llamacpp", 2), ("roundtrip", 1), ("tokens", 2), ("decode", 2),
                         ("paired", 3)):
-        sub.add_parser(name).add_argument("files", type=Path, nargs=nargs)
+        parsers[name] = sub.add_parser(name)
+        parsers[name].add_argument("files", type=Path, nargs=nargs)
+    parsers["paired"].add_argument("--name", default="cpu",
+                                   help="the backend whose logits the second file holds (cpu)")
     args = ap.parse_args()
     fn = {"exact": exact, "llamacpp": llamacpp, "roundtrip": roundtrip, "tokens": tokens,
           "decode": decode, "paired": paired}[args.cmd]
-    print(json.dumps(fn(*args.files), indent=1))
+    extra = {"name": args.name} if args.cmd == "paired" else {}
+    print(json.dumps(fn(*args.files, **extra), indent=1))
 
 
 if __name__ == "__main__":
