@@ -307,7 +307,10 @@ INSTANTIATE_TEST_SUITE_P(
                       DeltaCase{"d32_hk1_hv3", 1, 3, 32, {40, 1}, {0, 1}},
                       DeltaCase{"d96_hk_eq_hv", 2, 2, 96, {3, 1}, {1, 0}},
                       DeltaCase{"d160_state_in_memory", 1, 2, 160, {5, 1}, {1, 0}},
-                      DeltaCase{"d256_state_in_memory", 1, 2, 256, {20, 1}, {0, 1}}),
+                      DeltaCase{"d256_state_in_memory", 1, 2, 256, {20, 1}, {0, 1}},
+                      // D not a multiple of 32: the one-thread-per-column kernel.
+                      DeltaCase{"d16_any_d_kernel", 2, 4, 16, {17, 1, 1}, {1, 2, 0}},
+                      DeltaCase{"d48_any_d_kernel", 1, 2, 48, {1, 1}, {0, 1}}),
     [](const ::testing::TestParamInfo<DeltaCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -326,6 +326,72 @@ void launch_conv(const DeviceStep& step, const float* qkv, const float* kernel, 
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
+// Any D up to kMaxD (the fast kernel needs D a multiple of 32): one thread per value column j,
+// the column of S in global memory, reductions through shared memory in a fixed order. Slow but
+// exact; only odd test shapes take it.
+__global__ void __launch_bounds__(kMaxD) delta_rule_any_d_kernel(const DeltaParams prm) {
+  __shared__ float s_q[kMaxD], s_k[kMaxD], s_red[kMaxD];
+  __shared__ float s_scalar[4];  // |q|, |k| inverses, exp(g), beta
+  const int D = prm.head_dim, j = threadIdx.x;
+  const int h = blockIdx.x, Hv = prm.n_v_heads, hk = h % prm.n_k_heads;
+  const Span span = prm.spans[blockIdx.y];
+  const int64_t C = prm.C, nk = int64_t{prm.n_k_heads} * D, nv = int64_t{Hv} * D;
+  const double scale = 1.0 / sqrt(static_cast<double>(D));
+  float* S = prm.delta_state + (int64_t{span.slot} * Hv + h) * D * D;
+  auto block_sum = [&](float v) {  // thread 0 adds in index order: deterministic
+    s_red[j] = v;
+    __syncthreads();
+    if (j == 0) {
+      double acc = 0;
+      for (int i = 0; i < D; ++i) acc += double(s_red[i]);
+      s_red[0] = static_cast<float>(acc);
+    }
+    __syncthreads();
+    const float total = s_red[0];
+    __syncthreads();
+    return total;
+  };
+  for (int t = 0; t < span.count; ++t) {
+    const int64_t row = span.begin + t;
+    const float* m = prm.mixed + row * C;
+    const float q = m[hk * D + j], k = m[nk + hk * D + j], v = m[2 * nk + h * D + j];
+    const float qq = block_sum(q * q), kk = block_sum(k * k);
+    if (j == 0) {
+      s_scalar[0] = static_cast<float>(1.0 / fmax(sqrt(double(qq)), double(prm.eps)));
+      s_scalar[1] = static_cast<float>(1.0 / fmax(sqrt(double(kk)), double(prm.eps)));
+      const float x = prm.alpha[row * Hv + h] + prm.dt_bias[h];
+      const float sp = x > 20.0f ? x : log1pf(expf(x));
+      s_scalar[2] = expf(prm.a[h] * sp);
+      s_scalar[3] = 1.0f / (1.0f + expf(-prm.beta[row * Hv + h]));
+    }
+    __syncthreads();
+    s_q[j] = q * s_scalar[0];
+    s_k[j] = k * s_scalar[1];
+    __syncthreads();
+    const double decay = s_scalar[2], beta = s_scalar[3];
+    double sk = 0;
+    for (int i = 0; i < D; ++i) {
+      const float sij = static_cast<float>(S[int64_t{i} * D + j] * decay);
+      S[int64_t{i} * D + j] = sij;
+      sk += double(sij) * s_k[i];
+    }
+    const double d = (v - sk) * beta;
+    double acc = 0;
+    for (int i = 0; i < D; ++i) {
+      const float sij = static_cast<float>(S[int64_t{i} * D + j] + double(s_k[i]) * d);
+      S[int64_t{i} * D + j] = sij;
+      acc += double(sij) * s_q[i];
+    }
+    const float o = static_cast<float>(acc * scale);
+    const float oo = block_sum(o * o);
+    const float inv = static_cast<float>(1.0 / sqrt(double(oo) / D + prm.eps));
+    const float zz = prm.z[row * nv + int64_t{h} * D + j];
+    const float silu = zz / (1.0f + expf(-zz));
+    prm.out[row * nv + int64_t{h} * D + j] = o * inv * prm.norm[j] * silu;
+    __syncthreads();
+  }
+}
+
 template <int kR>
 void launch_delta(const DeviceStep& step, const DeltaParams& prm, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(prm.n_v_heads), static_cast<unsigned>(step.n_spans));
@@ -343,8 +409,8 @@ int64_t deltanet_workspace_bytes(const DeviceStep& step, const DeltaNetArgs& arg
 void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
               cudaStream_t stream) {
   const int D = args.head_dim, Hk = args.n_k_heads, Hv = args.n_v_heads;
-  if (D % 32 != 0 || D <= 0 || D > kMaxD || Hk <= 0 || Hv % Hk != 0) {
-    cuda_fail("deltanet: head_dim " + std::to_string(D) + " must be a multiple of 32 up to " +
+  if (D <= 0 || D > kMaxD || Hk <= 0 || Hv % Hk != 0) {
+    cuda_fail("deltanet: head_dim " + std::to_string(D) + " must be at most " +
               std::to_string(kMaxD) + " and n_v_heads " + std::to_string(Hv) +
               " a multiple of n_k_heads " + std::to_string(Hk));
   }
@@ -397,6 +463,12 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
                         .n_v_heads = Hv,
                         .head_dim = D,
                         .eps = args.eps};
+  if (D % 32 != 0) {
+    const dim3 grid(static_cast<unsigned>(Hv), static_cast<unsigned>(step.n_spans));
+    delta_rule_any_d_kernel<<<grid, D, 0, stream>>>(prm);
+    QWENRT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   switch (D) {
     case 32:
       launch_delta<8>(step, prm, stream);

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine (through the device tool), from the repository root: the CUDA tests, the
+# kernel micro-benchmarks and a profile of batch-1 decode on a full-size synthetic file, with the
+# binaries built here (build-cuda/) and the shared libraries the GPU image lacks (.carry/lib).
+#   bash tools/cuda/device_check.sh [tests] [micro] [profile] [all-tests]
+# Results go to $OUT (the device tool brings them back).
+set -uo pipefail
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The test binary has the source folder it was built in compiled in (for its fixtures).
+src_dir=$(strings build-cuda/qwenrt_tests | grep -m1 -E '^/.*/src/ops/cuda/cuda_ops.cpp$' | sed 's#/src/ops/cuda/cuda_ops.cpp$##')
+if [ -n "$src_dir" ] && [ ! -e "$src_dir" ]; then mkdir -p "$(dirname "$src_dir")"; ln -s "$PWD" "$src_dir"; fi
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+for what in "$@"; do
+  case $what in
+    tests)
+      timeout 300 build-cuda/qwenrt_tests --gtest_filter='*Cuda*:*cuda*' 2>&1 | tee "$out/tests-cuda.log" |
+        grep -E '^\[  (FAILED|PASSED|  OK) |^\[ RUN|Failure|Expected|Which is|actual|rel|\[cuda|\[parity' | tail -150 ;;
+    all-tests)
+      timeout 400 build-cuda/qwenrt_tests 2>&1 | tee "$out/tests-all.log" | grep -E '^\[  (FAILED|PASSED) |FAILED' | tail -60 ;;
+    micro)
+      timeout 200 build-cuda/cuda_gemv_bench 2>&1 | tee "$out/gemv-bench.txt" | tail -60 ;;
+    profile)
+      f=/tmp/synth35.gguf
+      [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-35B-A3B --quant Q4_K_M --out $f > /dev/null
+      timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 512 -n 128 -d 512 -b 0 -r 3 2>&1 | tee "$out/bench35.txt"
+      QWENRT_CUDA_PROFILE=1 timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 512 -n 64 -d 512 -b 0 -r 1 2>&1 | tee "$out/profile35.txt" ;;
+  esac
+done
