@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Pack a trimmed copy of the pinned llama.cpp sources for a CUDA build of llama-bench and
-# llama-batched-bench on a machine that cannot download anything (the lent H200: bench/h200/run.sh,
-# docs/bench.md "H200 side by side").
+# Pack a trimmed copy of the pinned llama.cpp sources for a CUDA build of llama-bench,
+# llama-batched-bench and llama-perplexity on a machine that cannot download anything (the lent
+# H200: bench/h200/run.sh, docs/bench.md "H200 side by side"; llama-perplexity for tools/kld/run.sh).
 #
 #   bash bench/pack_llamacpp_src.sh [OUT_TARBALL]     # default: .carry/llamacpp-src.tar.xz
 #
@@ -10,10 +10,10 @@
 # reused from build-llamacpp/ (where bench/build_llamacpp.sh downloads it) or downloaded there with
 # `pip download --no-binary`. What is kept: the top-level CMake files, cmake/, include/, src/,
 # common/, vendor/, ggml/ with only the CPU and CUDA backends (ggml/src/ggml-cuda complete, its
-# template-instances included), tools/llama-bench and tools/batched-bench, the licenses. Dropped:
-# the other ggml backends, docs, models, tests, examples, gguf-py, scripts, the other tools, app/.
-# One file is rewritten: tools/CMakeLists.txt adds only the two kept tools (the original adds
-# every tool unconditionally). No source file is changed.
+# template-instances included), tools/llama-bench, tools/batched-bench and tools/perplexity, the
+# licenses. Dropped: the other ggml backends, docs, models, tests, examples, gguf-py, scripts, the
+# other tools, app/. One file is rewritten: tools/CMakeLists.txt adds only the three kept tools (the
+# original adds every tool unconditionally). No source file is changed.
 #
 # Configure the unpacked tree with at least -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 # -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF (their folders are gone) and -DLLAMA_CURL=OFF.
@@ -83,15 +83,17 @@ for p in "${SRC}"/ggml/src/*; do
   cp -a "${p}" "${DST}/ggml/src/"
 done
 
-# tools: llama-bench and batched-bench, and a tools/CMakeLists.txt that adds only them.
+# tools: llama-bench, batched-bench and perplexity, and a tools/CMakeLists.txt that adds only them.
 mkdir -p "${DST}/tools"
-cp -a "${SRC}/tools/llama-bench" "${SRC}/tools/batched-bench" "${DST}/tools/"
+cp -a "${SRC}/tools/llama-bench" "${SRC}/tools/batched-bench" "${SRC}/tools/perplexity" "${DST}/tools/"
 cat > "${DST}/tools/CMakeLists.txt" << 'EOF'
-# Trimmed by qwenrt's bench/pack_llamacpp_src.sh: only the two benchmark tools are packed.
+# Trimmed by qwenrt's bench/pack_llamacpp_src.sh: only the two benchmark tools and perplexity are
+# packed.
 find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(batched-bench)
 add_subdirectory(llama-bench)
+add_subdirectory(perplexity)
 EOF
 
 [[ -d "${DST}/ggml/src/ggml-cuda/template-instances" ]] || {
@@ -101,10 +103,11 @@ EOF
 
 cat > "${DST}/PACKED.txt" << EOF
 vendor/llama.cpp of ${NAME}.tar.gz (PyPI sdist, sha256 ${SHA256}),
-trimmed by qwenrt's bench/pack_llamacpp_src.sh for a CUDA/CPU build of llama-bench and
-llama-batched-bench. Kept: CMake files, cmake/, include/, src/, common/, vendor/, licenses,
-ggml/ with the CPU and CUDA backends only, tools/llama-bench, tools/batched-bench.
-Rewritten: tools/CMakeLists.txt (adds only the two tools). No source file changed.
+trimmed by qwenrt's bench/pack_llamacpp_src.sh for a CUDA/CPU build of llama-bench,
+llama-batched-bench and llama-perplexity. Kept: CMake files, cmake/, include/, src/, common/,
+vendor/, licenses, ggml/ with the CPU and CUDA backends only, tools/llama-bench,
+tools/batched-bench, tools/perplexity.
+Rewritten: tools/CMakeLists.txt (adds only the three tools). No source file changed.
 Configure with -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
 -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF.
 EOF

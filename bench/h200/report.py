@@ -202,8 +202,27 @@ def cmd_collect(args) -> None:
         files.append(f)
     order = meta.get("files") or []
     files.sort(key=lambda f: order.index(f["tag"]) if f["tag"] in order else len(order))
-    json.dump({"schema": "qwenrt-h200-bench/1", "meta": meta, "files": files}, sys.stdout,
-              indent=1)
+    res = {"schema": "qwenrt-h200-bench/1", "meta": meta, "files": files}
+    kd = work / "kld"
+    if kd.is_dir():  # run.sh --kld: tools/kld/run.sh's summary and how the run went
+        kld = {"cmd": (read_text(kd / "cmd.txt") or "").strip()}
+        t = (read_text(kd / "time.txt") or "").split()
+        if len(t) >= 2:
+            kld["wall_s"] = float(t[1]) - float(t[0])
+        rc = (read_text(kd / "rc.txt") or "").strip()
+        kld["rc"] = int(rc) if rc.lstrip("-").isdigit() else None
+        summary = read_text(kd / "kld-summary.json")
+        if summary:
+            try:
+                kld["summary"] = json.loads(summary)
+            except ValueError:
+                pass
+        kld["summary_md"] = read_text(kd / "kld-summary.md")
+        log = read_text(kd / "run.log")
+        if log:
+            kld["log_tail"] = log[-2000:]
+        res["kld"] = kld
+    json.dump(res, sys.stdout, indent=1)
     sys.stdout.write("\n")
 
 
@@ -214,18 +233,25 @@ def median(v):
 
 
 def qwenrt_figures(run) -> dict:
-    """test name -> {"median", "samples"} (tok/s) from `qwenrt bench --json`."""
+    """test name -> {"median", "samples"} (tok/s) from `qwenrt bench --json`; "tg128 @ d512" when
+    the run had -d 512 (qwenrt names it so itself; older JSON had no depth)."""
     out = {}
     j = (run or {}).get("output")
     if not isinstance(j, dict):
         return out
+    depth = int(j.get("depth") or 0)
     for r in j.get("results", []):
         samples = [r["tokens"] / s for s in r.get("seconds", []) if s > 0]
         name = r["test"]
-        if r.get("depth"):  # if qwenrt bench ever gains a depth, name it like llama-bench
-            name += f" @ d{r['depth']}"
+        if depth and name.startswith("tg") and "@" not in name:
+            name = name.replace(" x", f" @ d{depth} x") if " x" in name else f"{name} @ d{depth}"
         out[name] = {"median": median(samples), "samples": samples}
     return out
+
+
+def qwenrt_load(run):
+    j = (run or {}).get("output")
+    return j.get("load_seconds") if isinstance(j, dict) else None
 
 
 def llama_test_name(e: dict) -> str:
@@ -274,9 +300,27 @@ def shown_cmd(cmd: str) -> str:
     return cmd.replace("|", "\\|")
 
 
+def pick(runs: dict, stem: str):
+    """The quiet run STEM, else STEM-during-build; (run, marked) or (None, False)."""
+    if ok(runs.get(stem)):
+        return runs[stem], False
+    if ok(runs.get(stem + "-during-build")):
+        return runs[stem + "-during-build"], True
+    return None, False
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def pct(x, roof):
+    return fmt(100 * x / roof) + "%" if x and roof else "-"
+
+
 def render(res: dict, bandwidth: float) -> str:
     meta = res.get("meta", {})
     files = res.get("files", [])
+    depth = int(meta.get("depth", 512) or 0)
     lines = ["# H200: qwenrt vs llama.cpp, decode on full-size synthetic files", ""]
     if meta.get("command"):
         lines += [f"Command (on the H200, repository root): `{meta['command']}`", ""]
@@ -302,54 +346,82 @@ def render(res: dict, bandwidth: float) -> str:
                      f"{meta.get('llamacpp_build_rc', '?')}.")
     elif meta.get("llamacpp") == "off":
         lines.append("- llama.cpp: not run (--no-llamacpp).")
-    lines.append(f"- Roofline: weight bytes read per decoded token / {bandwidth / 1e12:.2f} TB/s "
-                 "(every non-expert tensor, `expert_used_count / expert_count` of the routed-expert "
-                 "tensors, one row of token_embd; KV cache and recurrent state not counted).")
-    lines.append("- tok/s are medians of the repeats. qwenrt `tgN` decodes from an empty context "
-                 "after 4 untimed steps (`qwenrt bench` has no depth option); llama.cpp `tgN` "
-                 "starts from an empty context after its warm-up run, `tgN @ dD` after an untimed "
-                 "prefill of D tokens. The ratio compares like with like (depth 0).")
-    lines.append("- Load time: wall time of a separate `qwenrt bench -p 1 -n 1 -b 0 -r 1` process "
-                 "(start to exit: CUDA init, reading the file from the page cache, upload, two "
-                 "one-token steps) and of `llama-bench -p 1 -n 0 -r 1 --no-warmup` likewise. GPU "
-                 "memory: the peak of `nvidia-smi --query-gpu=memory.used` sampled during the "
-                 "benchmark process.")
+    if files:
+        lines.append(f"- Roofline: weight bytes read per decoded token / {bandwidth / 1e12:.2f} TB/s "
+                     "(every non-expert tensor, `expert_used_count / expert_count` of the "
+                     "routed-expert tensors, one row of token_embd; KV cache and recurrent state "
+                     "not counted).")
+        lines.append("- tok/s are medians of the repeats. qwenrt `tgN`: N decode steps at batch 1 "
+                     "after 4 untimed ones, each ending in on-device greedy sampling (as generation "
+                     "runs them), from an empty context; `tgN @ dD`: the same after an untimed "
+                     "D-token prompt (`qwenrt bench -d D`, a separate process). llama.cpp `tgN` "
+                     "starts from an empty context after its warm-up run, `tgN @ dD` after an "
+                     "untimed prefill of D tokens (`llama-bench -d`). Each ratio compares like "
+                     "with like; the headline is decode after a "
+                     f"{depth}-token prompt." if depth else
+                     "- tok/s are medians of the repeats (no depth run).")
+        lines.append("- Load time: qwenrt's is the `load_seconds` its bench JSON reports (the "
+                     "engine load it times itself: the file from the page cache, the upload); "
+                     "llama.cpp's is the wall time of a separate `llama-bench -p 1 -n 0 -r 1 "
+                     "--no-warmup` process (start to exit: it also counts CUDA initialisation, "
+                     "one one-token step and the exit), so it is an upper bound. GPU memory: the "
+                     "peak of `nvidia-smi --query-gpu=memory.used` sampled during the benchmark "
+                     "process.")
     if meta.get("notes"):
         for n in meta["notes"]:
             lines.append(f"- {n}")
-    lines += ["", "| file | read / token | qwenrt tg tok/s | llama.cpp tg tok/s | qwenrt / llama.cpp "
-              "| llama.cpp tg @ d512 | roofline tok/s | qwenrt % roofline | llama.cpp % roofline "
-              "| load s qwenrt / llama.cpp | GPU MiB qwenrt / llama.cpp |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = ["file", "read / token", "roofline tok/s"]
+    if depth:
+        head += [f"qwenrt tg @ d{depth}", f"llama.cpp tg @ d{depth}",
+                 f"qwenrt / llama.cpp @ d{depth}"]
+    head += ["qwenrt tg", "llama.cpp tg", "qwenrt / llama.cpp", "qwenrt % roofline",
+             "llama.cpp % roofline"]
+    table1 = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table2 = []
+    pp_names = []
     details = []
+    headline = []
+    marked_any = False
     for f in files:
         runs = f.get("runs", {})
         w = f.get("weights") or {}
         bpt = w.get("per_token")
         roof = bandwidth / bpt if bpt else None
-        q_run = runs.get("qwenrt") if ok(runs.get("qwenrt")) else None
-        q_src = "qwenrt"
-        if q_run is None and ok(runs.get("qwenrt-during-build")):
-            q_run, q_src = runs["qwenrt-during-build"], "qwenrt-during-build"
-        q = qwenrt_figures(q_run)
+        q0_run, m0 = pick(runs, "qwenrt")
+        qd_run, md = pick(runs, f"qwenrt-d{depth}") if depth else (None, False)
+        q0, qd = qwenrt_figures(q0_run), qwenrt_figures(qd_run)
         lr = runs.get("llamacpp")
         lf = llama_figures(lr) if ok(lr) else {}
-        tg = next((k for k in q if k.startswith("tg") and " x" not in k and "@" not in k), None)
+        tg = next((k for k in q0 if k.startswith("tg") and " x" not in k and "@" not in k), None)
         tg = tg or next((k for k in lf if k.startswith("tg") and "@" not in k), "tg128")
-        qv = q.get(tg, {}).get("median")
-        lv = lf.get(tg, {}).get("median")
-        ld = next((v["median"] for k, v in lf.items() if k.startswith(tg + " @ d")), None)
-        ratio = qv / lv if qv and lv else None
-        ql = (runs.get("qwenrt-load") or {}).get("wall_s") if ok(runs.get("qwenrt-load")) else None
+        tgd = f"{tg} @ d{depth}"
+        pp = next((k for k in q0 if k.startswith("pp") and "@" not in k), None)
+        pp = pp or next((k for k in lf if k.startswith("pp") and "@" not in k), "pp512")
+        qv, lv = q0.get(tg, {}).get("median"), lf.get(tg, {}).get("median")
+        qdv, ldv = qd.get(tgd, {}).get("median"), lf.get(tgd, {}).get("median")
+        qpp, lpp = q0.get(pp, {}).get("median"), lf.get(pp, {}).get("median")
+        ql = qwenrt_load(runs.get("qwenrt")) if ok(runs.get("qwenrt")) else None
+        if ql is None:
+            ql = qwenrt_load(q0_run) or qwenrt_load(qd_run)
         ll = (runs.get("llamacpp-load") or {}).get("wall_s") if ok(runs.get("llamacpp-load")) else None
         name = f.get("name") or f["tag"]
-        star = " (*)" if q_src != "qwenrt" else ""
-        lines.append(
-            f"| {name} | {fmt(bpt / 1e9, 2) + ' GB' if bpt else '-'} | {fmt(qv)}{star} | {fmt(lv)} "
-            f"| {fmt(ratio, 3) if ratio else '-'} | {fmt(ld)} | {fmt(roof, 0)} "
-            f"| {fmt(100 * qv / roof) + '%' if qv and roof else '-'} "
-            f"| {fmt(100 * lv / roof) + '%' if lv and roof else '-'} "
-            f"| {fmt(ql)} / {fmt(ll)} | {mem_str(q_run)} / {mem_str(lr)} |")
+        s0, sd = (" (*)" if m0 else ""), (" (*)" if md else "")
+        marked_any = marked_any or (m0 and q0_run) or (md and qd_run)
+        row = [name, f"{fmt(bpt / 1e9, 2)} GB" if bpt else "-", fmt(roof, 0)]
+        r0 = ratio(qv, lv)
+        if depth:
+            rd = ratio(qdv, ldv)
+            row += [f"{fmt(qdv)}{sd}", fmt(ldv), f"**{fmt(rd, 3)}**" if rd else "-"]
+            headline.append(f"- {name}: **{fmt(rd, 3) if rd else '-'}** ({tgd}: qwenrt "
+                            f"{fmt(qdv)}{sd} tok/s, llama.cpp {fmt(ldv)} tok/s; at depth 0: "
+                            f"{fmt(r0, 3) if r0 else '-'}).")
+        row += [f"{fmt(qv)}{s0}", fmt(lv), fmt(r0, 3) if r0 else "-", pct(qv, roof),
+                pct(lv, roof)]
+        table1.append("| " + " | ".join(row) + " |")
+        rp = ratio(qpp, lpp)
+        pp_names += [pp] if pp not in pp_names else []
+        table2.append(f"| {name} | {fmt(qpp)}{s0} | {fmt(lpp)} | {fmt(rp, 3) if rp else '-'} "
+                      f"| {fmt(ql, 2)} / {fmt(ll, 2)} | {mem_str(q0_run)} / {mem_str(lr)} |")
 
         d = ["", f"## {name}", ""]
         if f.get("like"):
@@ -363,29 +435,30 @@ def render(res: dict, bandwidth: float) -> str:
                      "of expert weights read.")
         if bpt:
             d.append(f"- Read per decoded token: {bpt:,.0f} bytes; roofline {fmt(roof, 1)} tok/s.")
-        for stem in ("qwenrt", "qwenrt-during-build", "qwenrt-load", "llamacpp", "llamacpp-load",
-                     "qwenrt-batched", "llamacpp-batched"):
-            r = runs.get(stem)
-            if not r:
-                continue
+        known = ["qwenrt", f"qwenrt-d{depth}", "llamacpp-load", "llamacpp", "qwenrt-batched",
+                 "llamacpp-batched", "qwenrt-during-build", f"qwenrt-d{depth}-during-build"]
+        stems = [x for x in known if x in runs] + sorted(x for x in runs if x not in known)
+        for stem in stems:
+            r = runs[stem]
             state = "ok" if ok(r) else f"FAILED (exit {r.get('rc')})"
             extra = f", {fmt(r['wall_s'])} s" if "wall_s" in r else ""
+            lq = qwenrt_load(r) if stem.startswith("qwenrt") else None
+            extra += f", load_seconds {fmt(lq, 2)}" if lq is not None else ""
             d.append(f"- {stem}: `{shown_cmd(r.get('cmd', ''))}` ({state}{extra}; GPU MiB "
                      f"{mem_str(r)}){' - ' + r['note'] if r.get('note') else ''}")
             if not ok(r) and r.get("stderr_tail"):
                 tail = r["stderr_tail"].strip().splitlines()[-3:]
                 d.append("  stderr: " + " / ".join(x.strip() for x in tail).replace("|", "\\|"))
-        if star:
+        if (m0 and q0_run) or (md and qd_run):
             d.append("- (*) qwenrt figure from the run during the llama.cpp build (no quiet run).")
         rows = []
-        for stem in ("qwenrt", "qwenrt-during-build", "qwenrt-batched"):
-            if ok(runs.get(stem)):
+        for stem in stems:
+            if stem.startswith("qwenrt") and ok(runs[stem]):
                 for k, v in qwenrt_figures(runs[stem]).items():
                     rows.append((stem, k, v))
-        for stem in ("llamacpp",):
-            if ok(runs.get(stem)):
-                for k, v in llama_figures(runs[stem]).items():
-                    rows.append((stem, k, v))
+        if ok(runs.get("llamacpp")):
+            for k, v in llama_figures(runs["llamacpp"]).items():
+                rows.append(("llamacpp", k, v))
         if ok(runs.get("llamacpp-batched")):
             out = runs["llamacpp-batched"].get("output") or []
             for e in out if isinstance(out, list) else []:
@@ -398,7 +471,36 @@ def render(res: dict, bandwidth: float) -> str:
                 d.append(f"| {stem} | {k} | {fmt(v['median'], 2)} | "
                          + ", ".join(fmt(x, 2) for x in v["samples"]) + " |")
         details += d
+    if headline:
+        lines += ["", f"Headline, qwenrt / llama.cpp decode tok/s at batch 1 after a {depth}-token "
+                  "prompt:", ""] + headline
+    if files:
+        lines += ["", "Decode (batch 1):", ""] + table1
+        ppn = "/".join(pp_names) or "pp"
+        lines += ["", "Prefill, load and memory:", "",
+                  f"| file | qwenrt {ppn} tok/s | llama.cpp {ppn} tok/s | qwenrt / llama.cpp "
+                  "| load s qwenrt / llama.cpp | GPU MiB qwenrt / llama.cpp |",
+                  "|---|---|---|---|---|---|"] + table2
+        if marked_any:
+            lines += ["", "(*) from the qwenrt run during the llama.cpp build (no quiet run)."]
     lines += details
+    kld = res.get("kld")
+    if kld:
+        lines += ["", "## KL divergence to qwenrt's reference backend (tools/kld/run.sh)", ""]
+        state = "ok" if kld.get("rc") == 0 else f"FAILED (exit {kld.get('rc')})"
+        if kld.get("rc") == 124:
+            state = "stopped at its time limit (exit 124)"
+        wall = f", {fmt(kld['wall_s'])} s" if "wall_s" in kld else ""
+        lines.append(f"- Command: `{shown_cmd(kld.get('cmd', ''))}` ({state}{wall}); its files "
+                     "kld-summary.json, kld-summary.md and kld-logs.tar.xz came back beside this "
+                     "report.")
+        md = kld.get("summary_md")
+        if md:
+            lines.append("")
+            for x in md.strip().splitlines():
+                lines.append("##" + x if x.startswith("#") else x)
+        elif kld.get("log_tail"):
+            lines += ["", "```", kld["log_tail"].strip()[-1500:], "```"]
     return "\n".join(lines) + "\n"
 
 

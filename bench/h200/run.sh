@@ -10,17 +10,23 @@
 # trimmed llama.cpp sources (--src, default .carry/llamacpp-src.tar.xz, from
 # bench/pack_llamacpp_src.sh). Nothing is downloaded.
 #
-# Steps: the llama.cpp CUDA build (llama-bench, llama-batched-bench) starts in the background
-# (nice 19, on the cores other than 0-1); meanwhile each file is written with `qwenrt synth` into
-# --gguf-dir, its tensor table read with `qwenrt info --json` (weight bytes per token), and qwenrt
-# measured once on cores 0-1 ("qwenrt-during-build"). Once llama.cpp is built, per file and in this
-# order: a llama-bench load probe, llama-bench, a qwenrt load probe, qwenrt ("qwenrt", the figure
-# the report uses: no build running). A file is deleted once measured; the disk holds about two
-# full-size files, so a file that does not fit waits for the build and the files before it.
-# GPU memory (nvidia-smi memory.used, every 0.5 s) is sampled during every measured process.
+# Steps: the llama.cpp CUDA build (llama-bench, llama-batched-bench, llama-perplexity) starts in
+# the background (nice 19, on the cores other than 0-1); meanwhile each file is written with
+# `qwenrt synth` into --gguf-dir, its tensor table read with `qwenrt info --json` (weight bytes per
+# token), and qwenrt measured once on cores 0-1 at depth 0 and at --depth ("qwenrt-during-build",
+# "qwenrt-d512-during-build"). Once llama.cpp is built, per file and in this order: a llama-bench
+# load probe, llama-bench (-d 0,512), qwenrt at depth 0 ("qwenrt": pp512, tg128) and after an
+# untimed 512-token prompt ("qwenrt-d512": tg128 @ d512, `qwenrt bench -d 512`): the figures the
+# report uses, no build running. qwenrt's load time is the `load_seconds` its bench JSON reports.
+# A file is deleted once measured; the disk holds about two full-size files, so a file that does
+# not fit waits for the build and the files before it. GPU memory (nvidia-smi memory.used, every
+# 0.5 s) is sampled during every measured process. With --kld, last: tools/kld/run.sh (KL
+# divergence of qwenrt's --backend and of llama.cpp's CUDA llama-perplexity to qwenrt's reference
+# backend, the three tiny models of models/), its three result files into OUT.
 #
 # Options:
-#   --files LIST      comma-separated, of 35b-q4km 27b-q4km 35b-q8 27b-q8 (default 35b-q4km,27b-q4km)
+#   --files LIST      comma-separated, of 35b-q4km 27b-q4km 35b-q8 27b-q8 (default 35b-q4km,27b-q4km);
+#                     none: no file (with --kld: only the build of llama-perplexity and the KLD)
 #   --layers N        synth only the first N layers (a quick check of this script)
 #   --no-llamacpp     qwenrt only: no build, no llama-bench
 #   --no-qwenrt       llama.cpp only
@@ -29,8 +35,21 @@
 #   --repeats R       qwenrt repeats (default 5);  --llama-repeats R  llama-bench's -r (default 3)
 #   --backend B       qwenrt --backend (default cuda)
 #   --qwenrt-args S   extra arguments for qwenrt bench
-#   --qwenrt-tests S  qwenrt bench's test arguments (default "-p 512 -n 128"; -b 0 -r R --json added)
-#   --llama-tests S   llama-bench's test arguments (default "-p 512 -n 128 -d 0,512")
+#   --qwenrt-tests S  qwenrt bench's test arguments at depth 0 (default "-p 512 -n 128"; -b 0 -r R
+#                     --json added)
+#   --depth D         qwenrt's second run: decode after an untimed D-token prompt (default 512, the
+#                     headline figure; 0: no such run)
+#   --qwenrt-depth-tests S   that run's test arguments (default "-p 1 -n 128"; -d D -b 0 -r R
+#                     --json added)
+#   --llama-tests S   llama-bench's test arguments (default "-p 512 -n 128 -d 0,<depth>")
+#   --kld             after the files: tools/kld/run.sh with BACKEND=<--backend> THREADS=8
+#                     LLAMA_ARGS="-ngl 99" PARALLEL=1 PYTHON=python3 RESULTS=OUT, the built
+#                     llama-perplexity, the three tiny models (needs the llama.cpp build)
+#   --kld-text F      its held-out text, carried (default build-kld/heldout-stories.txt, written
+#                     here by a CPU run of tools/kld/run.sh: the device has no jinja2)
+#   --kld-chunks N    its CHUNKS (default 8);  --kld-threads N  its THREADS (default 8)
+#   --kld-dir D       its OUTDIR: logits and logs (default /tmp/h200-kld)
+#   --kld-python P    its PYTHON, with numpy (default python3; here: .venv/bin/python)
 #   --llamacpp-cuda on|off   GGML_CUDA for the build (default on; off only to test the script)
 #   --llamacpp-dir D  where the sources are unpacked and built (default /tmp/h200-llamacpp; a
 #                     follow-up call on a still-warm machine reuses an existing build there)
@@ -39,13 +58,15 @@
 #   --work D          raw outputs and logs (default /tmp/h200-work)
 #   --out D           results (default $OUT)
 #   --budget S        seconds: start no new file after S - 150, stop waiting for the build at
-#                     S - 60 (default 570, inside the device tool's 10 minutes)
+#                     S - 60, no quiet run of a file after S - 40, the KLD only with 45 s left
+#                     (then stopped at S - 10) (default 570, inside the device tool's 10 minutes)
 #   --rev TEXT        what qwenrt was built from (default: `git log -1` when .git is there)
 #
-# Results under OUT (4 files): h200-results.json (everything, report.py collect), h200-report.md
-# (report.py render), h200-raw.tar.xz (every command's stdout/stderr/timings/memory samples, the
-# tensor tables, the build log), h200-run.log. They are rewritten after every step, so a run
-# stopped at its time limit still returns what it measured.
+# Results under OUT (4 files, 7 with --kld): h200-results.json (everything, report.py collect),
+# h200-report.md (report.py render), h200-raw.tar.xz (every command's stdout/stderr/timings/memory
+# samples, the tensor tables, the build log, the KLD run's log), h200-run.log; with --kld also
+# kld-summary.json, kld-summary.md, kld-logs.tar.xz (tools/kld/run.sh). They are rewritten after
+# every step, so a run stopped at its time limit still returns what it measured.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -64,7 +85,15 @@ LREPEATS=3
 BACKEND=cuda
 QWENRT_ARGS=""
 QWENRT_TESTS="-p 512 -n 128"
-LLAMA_TESTS="-p 512 -n 128 -d 0,512"
+DEPTH=512
+QWENRT_DTESTS="-p 1 -n 128"
+LLAMA_TESTS=""
+KLD=0
+KLD_TEXT=build-kld/heldout-stories.txt
+KLD_CHUNKS=8
+KLD_THREADS=8
+KLD_DIR=/tmp/h200-kld
+KLD_PYTHON=python3
 LCUDA=on
 LDIR=/tmp/h200-llamacpp
 JOBS=""
@@ -90,6 +119,14 @@ while [[ $# -gt 0 ]]; do
     --backend) BACKEND="$2"; shift 2 ;;
     --qwenrt-args) QWENRT_ARGS="$2"; shift 2 ;;
     --qwenrt-tests) QWENRT_TESTS="$2"; shift 2 ;;
+    --depth) DEPTH="$2"; shift 2 ;;
+    --qwenrt-depth-tests) QWENRT_DTESTS="$2"; shift 2 ;;
+    --kld) KLD=1; shift ;;
+    --kld-text) KLD_TEXT="$2"; shift 2 ;;
+    --kld-chunks) KLD_CHUNKS="$2"; shift 2 ;;
+    --kld-threads) KLD_THREADS="$2"; shift 2 ;;
+    --kld-dir) KLD_DIR="$2"; shift 2 ;;
+    --kld-python) KLD_PYTHON="$2"; shift 2 ;;
     --llama-tests) LLAMA_TESTS="$2"; shift 2 ;;
     --llamacpp-cuda) LCUDA="$2"; shift 2 ;;
     --llamacpp-dir) LDIR="$2"; shift 2 ;;
@@ -104,6 +141,17 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -n "${RESULTS}" ]] || { echo "run.sh: no \$OUT and no --out" >&2; exit 2; }
+[[ "${DEPTH}" =~ ^[0-9]+$ ]] || { echo "run.sh: --depth ${DEPTH}: expected a number" >&2; exit 2; }
+if [[ -z "${LLAMA_TESTS}" ]]; then
+  LLAMA_TESTS="-p 512 -n 128 -d 0"
+  [[ ${DEPTH} -gt 0 ]] && LLAMA_TESTS+=",${DEPTH}"
+fi
+[[ "${FILES}" == none ]] && FILES=""
+if [[ ${KLD} == 1 ]]; then
+  [[ ${DO_LLAMA} == 1 ]] || { echo "run.sh: --kld needs the llama.cpp build (no --no-llamacpp)" >&2; exit 2; }
+  [[ -f "${KLD_TEXT}" ]] || { echo "run.sh: --kld: no text at ${KLD_TEXT} (--kld-text; carry it)" >&2; exit 2; }
+  KLD_TEXT="$(cd "$(dirname "${KLD_TEXT}")" && pwd)/$(basename "${KLD_TEXT}")"
+fi
 
 T0=$(date +%s)
 elapsed() { echo $(($(date +%s) - T0)); }
@@ -152,7 +200,9 @@ fi
 meta_set command "$(jstr "bash bench/h200/run.sh ${ORIG_ARGS[*]}")"
 meta_set started "$(jstr "$(date -u '+%Y-%m-%d %H:%M:%S')")"
 meta_set git "$(jstr "${REV}")"
-meta_set files "$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1].split(",")))' "${FILES}")"
+meta_set files "$(python3 -c 'import json,sys; print(json.dumps([x for x in sys.argv[1].split(",") if x]))' "${FILES}")"
+meta_set depth "${DEPTH}"
+meta_set kld "$([[ ${KLD} == 1 ]] && echo true || echo false)"
 meta_set llamacpp "$(jstr "$([[ ${DO_LLAMA} == 1 ]] && echo on || echo off)")"
 meta_set cpus "${NCPU}"
 if [[ ${HAVE_SMI} == 1 ]]; then
@@ -167,7 +217,7 @@ if grep -q "not found" "${WORK}/qwenrt_ldd.txt"; then
 fi
 [[ ${HAVE_TASKSET} == 1 ]] || note "taskset missing or under 4 cores: qwenrt and the build are not pinned apart"
 
-publish() {  # everything measured so far -> RESULTS (at most 4 files)
+publish() {  # everything measured so far -> RESULTS (4 files; the KLD adds its own 3)
   meta_set finished "$(jstr "$(date -u '+%Y-%m-%d %H:%M:%S')")"
   [[ -f "${LDIR}/build.log" ]] && tail -c 4000 "${LDIR}/build.log" > "${WORK}/build_log_tail.txt"
   "${REPORT[@]}" collect "${WORK}" > "${RESULTS}/h200-results.json.part" 2>> "${RUNLOG}" &&
@@ -175,6 +225,7 @@ publish() {  # everything measured so far -> RESULTS (at most 4 files)
   "${REPORT[@]}" render "${RESULTS}/h200-results.json" --out "${RESULTS}/h200-report.md" 2>> "${RUNLOG}"
   local extra=()
   [[ -f "${LDIR}/build.log" ]] && cp "${LDIR}/build.log" "${WORK}/llamacpp-build.log" && extra=(llamacpp-build.log)
+  [[ -d "${WORK}/kld" ]] && extra+=(kld)
   local txt=() x
   for x in "${WORK}"/*.txt; do [[ -f "${x}" ]] && txt+=("$(basename "${x}")"); done
   tar -C "${WORK}" -cJf "${RESULTS}/h200-raw.tar.xz.part" files meta.json "${extra[@]}" \
@@ -196,6 +247,7 @@ measure() {  # measure DIR STEM [PREFIX...] -- CMD...   (PREFIX: e.g. taskset; n
   local shown="$*"
   shown="${shown//"${QWENRT}"/qwenrt}"
   shown="${shown//"${LDIR}/build/bin/"/}"
+  shown="${shown//"${GGUF_DIR}/"/}"
   echo "${shown}" > "${dir}/${stem}.cmd"
   [[ ${#pre[@]} -gt 0 ]] && echo "run under: ${pre[*]}" > "${dir}/${stem}.note"
   local spid=""
@@ -240,13 +292,16 @@ build_llamacpp() {
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF || exit 1
     fi
-    nice -n 19 "${BPIN[@]}" cmake --build "${LDIR}/build" --target llama-bench llama-batched-bench \
-      -j "${JOBS}" || exit 1
-    [[ -x "${LB_BIN}/llama-bench" ]] || exit 1
+    # shellcheck disable=SC2086
+    nice -n 19 "${BPIN[@]}" cmake --build "${LDIR}/build" --target ${TARGETS} -j "${JOBS}" || exit 1
+    for t in ${TARGETS}; do [[ -x "${LB_BIN}/${t}" ]] || exit 1; done
   ) >> "${LDIR}/build.log" 2>&1 || rc=1
   date +%s.%N >> "${WORK}/llamacpp-build.time"
   echo "${rc}" > "${WORK}/llamacpp-build.rc"
 }
+# Without files only llama-perplexity (the KLD) is needed.
+TARGETS="llama-perplexity"
+[[ -n "${FILES}" ]] && TARGETS="llama-bench llama-batched-bench llama-perplexity"
 if [[ ${DO_LLAMA} == 1 ]]; then
   [[ -f "${SRC_TAR}" || -f "${LDIR}/llama.cpp/CMakeLists.txt" ]] ||
     { log "error: no llama.cpp sources at ${SRC_TAR} (bench/pack_llamacpp_src.sh)"; exit 2; }
@@ -254,7 +309,7 @@ if [[ ${DO_LLAMA} == 1 ]]; then
   log "llama.cpp build starts in the background (${JOBS} jobs, ${BPIN[*]:-no pinning}, nice 19; log ${LDIR}/build.log)"
   build_llamacpp &
   BUILD_PID=$!
-  meta_set llamacpp_build_cmd "$(jstr "cmake -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=$([[ ${LCUDA} == on ]] && echo ON || echo OFF) -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF; cmake --build --target llama-bench llama-batched-bench -j ${JOBS}")"
+  meta_set llamacpp_build_cmd "$(jstr "cmake -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=$([[ ${LCUDA} == on ]] && echo ON || echo OFF) -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF; cmake --build --target ${TARGETS} -j ${JOBS}")"
 fi
 
 wait_build() {  # wait_build: until the build ends or the budget says stop; prints the state
@@ -288,21 +343,34 @@ qwenrt_bench_cmd() {  # extra args after the common ones
   echo "${QWENRT}" bench -m "$1" --backend "${BACKEND}" "${@:2}" ${QWENRT_ARGS}
 }
 
-run_qwenrt() {  # run_qwenrt TAG STEM [PREFIX...]
-  local tag="$1" stem="$2"
+run_qwenrt() {  # run_qwenrt TAG SUFFIX [PREFIX...]: depth 0 ("qwenrt SUFFIX"), then --depth
+  local tag="$1" suffix="$2"
   shift 2
   local f d
   f="$(gguf_of "${tag}")"
   d="${WORK}/files/${tag}"
   # shellcheck disable=SC2046
   # shellcheck disable=SC2086
-  measure "${d}" "${stem}" "$@" -- $(qwenrt_bench_cmd "${f}" ${QWENRT_TESTS} -b 0 -r "${REPEATS}" --json)
+  measure "${d}" "qwenrt${suffix}" "$@" -- $(qwenrt_bench_cmd "${f}" ${QWENRT_TESTS} -b 0 \
+    -r "${REPEATS}" --json)
+  publish
+  if [[ ${DEPTH} -gt 0 ]]; then
+    # shellcheck disable=SC2046
+    # shellcheck disable=SC2086
+    measure "${d}" "qwenrt-d${DEPTH}${suffix}" "$@" -- $(qwenrt_bench_cmd "${f}" ${QWENRT_DTESTS} \
+      -d "${DEPTH}" -b 0 -r "${REPEATS}" --json)
+    publish
+  fi
 }
 
 run_quiet() {  # the measurements made with no build running, one file
   local tag="$1" f d
   f="$(gguf_of "${tag}")"
   d="${WORK}/files/${tag}"
+  if [[ $(elapsed) -ge $((BUDGET - 40)) ]]; then
+    note "time budget: no quiet run of ${tag} at +$(elapsed)s"
+    return
+  fi
   if [[ "$(build_state)" == ok ]]; then
     measure "${d}" llamacpp-load -- "${LB_BIN}/llama-bench" -m "${f}" -ngl 99 -fa 1 -p 1 -n 0 -r 1 \
       --no-warmup -o json
@@ -316,9 +384,7 @@ run_quiet() {  # the measurements made with no build running, one file
     publish
   fi
   if [[ ${DO_QWENRT} == 1 ]]; then
-    # shellcheck disable=SC2046
-    measure "${d}" qwenrt-load -- $(qwenrt_bench_cmd "${f}" -p 1 -n 1 -b 0 -r 1 --json)
-    run_qwenrt "${tag}" qwenrt
+    run_qwenrt "${tag}" ""
     if [[ ${BATCHED} == 1 ]]; then
       # shellcheck disable=SC2046
       measure "${d}" qwenrt-batched -- $(qwenrt_bench_cmd "${f}" -p 1 -n 128 -b 8,32,64 \
@@ -349,7 +415,8 @@ flush_pending() {
 
 free_gb() { df -B1 --output=avail "${GGUF_DIR}" | tail -1 | awk '{printf "%.1f", $1 / 1e9}'; }
 
-IFS=, read -r -a TAGS <<< "${FILES}"
+TAGS=()
+[[ -n "${FILES}" ]] && IFS=, read -r -a TAGS <<< "${FILES}"
 for tag in "${TAGS[@]}"; do
   spec="$(spec_of "${tag}")" || { note "unknown file tag ${tag} (skipped)"; continue; }
   read -r like quant est <<< "${spec}"
@@ -389,8 +456,7 @@ for tag in "${TAGS[@]}"; do
   state="$(build_state)"
   if [[ "${state}" == running ]]; then
     if [[ ${DO_QWENRT} == 1 ]]; then
-      run_qwenrt "${tag}" qwenrt-during-build "${QPIN[@]}"
-      publish
+      run_qwenrt "${tag}" -during-build "${QPIN[@]}"
     fi
     PENDING+=("${tag}")
   else
@@ -399,6 +465,50 @@ for tag in "${TAGS[@]}"; do
   fi
 done
 flush_pending
+
+# --- KL divergence (tools/kld/run.sh) ------------------------------------------------------------
+run_kld() {
+  local s left
+  s="$(wait_build)"
+  if [[ "${s}" != ok ]]; then
+    note "KLD not run: llama.cpp build ${s}"
+    return
+  fi
+  left=$((BUDGET - 10 - $(elapsed)))
+  if [[ ${left} -lt 45 ]]; then
+    note "KLD not run: ${left} s left of the time budget"
+    return
+  fi
+  mkdir -p "${WORK}/kld"
+  local cmd=(env BACKEND="${BACKEND}" THREADS="${KLD_THREADS}" LLAMA_ARGS="-ngl 99" CHUNKS="${KLD_CHUNKS}"
+    TEXT="${KLD_TEXT}" RESULTS="${RESULTS}" PARALLEL=1 PYTHON="${KLD_PYTHON}"
+    bash tools/kld/run.sh "${QWENRT}" "${LB_BIN}/llama-perplexity" "${KLD_DIR}")
+  local shown
+  shown="$(printf '%q ' "${cmd[@]}")"
+  shown="${shown% }"
+  shown="${shown//"${QWENRT}"/qwenrt}"
+  shown="${shown//"${LB_BIN}/"/}"
+  shown="${shown//"${REPO}/"/}"
+  echo "${shown}" > "${WORK}/kld/cmd.txt"
+  log "KLD (stopped after ${left} s): ${shown}"
+  rm -rf "${KLD_DIR}"
+  rm -f "${RESULTS}"/kld-summary.json "${RESULTS}"/kld-summary.md "${RESULTS}"/kld-logs.tar.*
+  date +%s.%N > "${WORK}/kld/time.txt"
+  local rc=0
+  timeout -k 5 "${left}" "${cmd[@]}" > "${WORK}/kld/run.log" 2>&1 || rc=$?
+  date +%s.%N >> "${WORK}/kld/time.txt"
+  echo "${rc}" > "${WORK}/kld/rc.txt"
+  [[ -f "${KLD_DIR}/timings.txt" ]] && cp "${KLD_DIR}/timings.txt" "${WORK}/kld/timings.txt"
+  for x in kld-summary.json kld-summary.md; do
+    [[ -f "${RESULTS}/${x}" ]] && cp "${RESULTS}/${x}" "${WORK}/kld/${x}"
+  done
+  log "  KLD: exit ${rc}"
+  [[ ${rc} == 0 ]] || { tail -n 5 "${WORK}/kld/run.log" | sed 's/^/    /' | tee -a "${RUNLOG}" >&2; }
+}
+if [[ ${KLD} == 1 ]]; then
+  run_kld
+  publish
+fi
 [[ -n "${BUILD_PID}" && "$(build_state)" == running ]] && note "llama.cpp build still running at the end"
 log "done at +$(elapsed)s"
 publish
