@@ -10,11 +10,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "ops/ops.h"
+#include "ops/ref/kernels.h"
 #include "support/model_files.h"
 
 namespace qwenrt {
@@ -165,6 +167,49 @@ TEST(CudaEndToEnd, BatchedDecodeEqualsDecodeAlone) {
       ASSERT_EQ(out[s].id, alone[s][i].id) << "sequence " << s << " token " << i;
       EXPECT_NEAR(out[s].logprob, alone[s][i].logprob, 1e-3) << "sequence " << s << " token " << i;
       last[s] = out[s].id;
+    }
+  }
+}
+
+// Rows that are all plain greedy with no top log-probabilities take the many-block kernel: the
+// same ids as the reference (ties included) and log-probabilities within 1e-5.
+TEST(CudaEndToEnd, PlainGreedySamplingEqualsTheReference) {
+  if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto ops = ops::make_cuda_ops();
+  std::mt19937 rng(31);
+  for (int64_t n_vocab : {7, 3072, 248320}) {
+    constexpr int kRows = 3;
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> logits(kRows * n_vocab);
+    for (auto& v : logits) v = normal(rng);
+    logits[1 * n_vocab + n_vocab / 2] = 40.0f;  // a tie: the lower id must win
+    logits[1 * n_vocab + n_vocab / 3] = 40.0f;
+    std::vector<int32_t> rows_idx(kRows), tokens(kRows, 0), positions(kRows, 0);
+    for (int i = 0; i < kRows; ++i) rows_idx[i] = i;
+    ops::Span spans[kRows];
+    for (int i = 0; i < kRows; ++i) spans[i] = {.slot = i, .begin = i, .count = 1, .n_past = 0};
+    const std::vector<int32_t> table(kRows, 0);
+    const ops::StepLayout layout{.tokens = tokens.data(),
+                                 .positions = positions.data(),
+                                 .n = kRows,
+                                 .spans = spans,
+                                 .n_spans = kRows,
+                                 .output_rows = rows_idx.data(),
+                                 .n_output_rows = kRows,
+                                 .page_tables = table.data(),
+                                 .page_table_stride = 1};
+    ops::SamplingRow rows[kRows];
+    for (auto& r : rows) r.temperature = 0;
+    ops->begin_step(layout);
+    ops->reset_workspace();
+    float* d = ops->alloc(kRows * n_vocab);
+    ops->upload(logits.data(), d, kRows * n_vocab);
+    ops::SampledToken got[kRows], want[kRows];
+    ops->sample(d, n_vocab, rows, 0, got);
+    ops::ref::sample_rows(layout, logits.data(), n_vocab, rows, 0, want);
+    for (int i = 0; i < kRows; ++i) {
+      EXPECT_EQ(got[i].id, want[i].id) << "vocab " << n_vocab << " row " << i;
+      EXPECT_NEAR(got[i].logprob, want[i].logprob, 1e-5) << "vocab " << n_vocab << " row " << i;
     }
   }
 }

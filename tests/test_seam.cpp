@@ -165,6 +165,12 @@ class SeamTest : public ::testing::TestWithParam<SeamCase> {
   }
   std::string path() {
     const bool dense = GetParam().arch == model::Arch::kQwen35;
+    if (std::string(GetParam().backend) == "cuda") {
+      // The cuda attention kernels take head_dim 64, 128 or 256 (the tiny default is 16).
+      return testing_support::write_tiny(GetParam().arch,
+                                         dense ? "seam_dense_hd64.gguf" : "seam_moe_hd64.gguf",
+                                         [](model::SynthSpec& s) { s.config.head_dim = 64; });
+    }
     return testing_support::write_tiny(GetParam().arch,
                                        dense ? "seam_dense.gguf" : "seam_moe.gguf");
   }

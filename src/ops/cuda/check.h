@@ -26,6 +26,7 @@ template <class... Args>
     out << value;
   };
   (next(args), ...);
+  (void)next;
   out << p;
   cuda_fail(out.str());
 }

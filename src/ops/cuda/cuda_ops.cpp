@@ -152,6 +152,9 @@ class CudaOps final : public Ops {
     if (device < 0 || device >= count) fail("cuda backend: no GPU {} (this machine has {})", device, count);
     QWENRT_CUDA_CHECK(cudaSetDevice(device));
     QWENRT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    QWENRT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
     for (auto& e : stage_done_) QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     profile_ = env_flag("QWENRT_CUDA_PROFILE", false);
     graphs_enabled_ = env_flag("QWENRT_CUDA_GRAPHS", true) && !profile_;
@@ -168,6 +171,9 @@ class CudaOps final : public Ops {
       cudaEventDestroy(p.start);
       cudaEventDestroy(p.stop);
     }
+    cudaEventDestroy(fork_);
+    cudaEventDestroy(join_);
+    cudaStreamDestroy(side_);
     cudaStreamDestroy(stream_);
   }
 
@@ -398,12 +404,14 @@ class CudaOps final : public Ops {
     float* weights = alloc(n * k);
     float* mid = alloc(n * k * ff);
     float* routed = shared ? alloc(n * dim) : out;
+    float* pairs = alloc(n * k * dim);
     const Matrix sg = shared ? matrix(w.shared_gate) : Matrix{};
     const Matrix su = shared ? matrix(w.shared_up) : Matrix{};
     const Matrix sd = shared ? matrix(w.shared_down) : Matrix{};
     const int64_t sff = shared ? sg.out : 0;
     float* smid = shared ? alloc(n * sff) : nullptr;
     float* sout = shared ? alloc(n * dim) : nullptr;
+    float* shared_scale = shared ? alloc(n) : nullptr;
     int64_t ws_bytes = std::max({cuda::matmul_workspace_bytes(router, n),
                                  cuda::matmul_workspace_bytes(gate, n * k),
                                  cuda::matmul_workspace_bytes(down, n * k)});
@@ -411,16 +419,33 @@ class CudaOps final : public Ops {
       ws_bytes = std::max({ws_bytes, cuda::matmul_workspace_bytes(sg, n),
                            cuda::matmul_workspace_bytes(sd, n)});
     }
+    // The shared expert runs on the side stream, beside the routed experts (its own workspace).
+    void* side_ws = shared ? arena_.take(ws_bytes) : nullptr;
     if (skip(ws_bytes)) return;
     Scope s(this, kMoe);
+    if (shared) {
+      QWENRT_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+      QWENRT_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+      cuda::matmul_swiglu(sg, su, x, smid, n, side_ws, side_);
+      cuda::matmul(sd, smid, sout, n, side_ws, side_);
+      QWENRT_CUDA_CHECK(cudaEventRecord(join_, side_));
+    }
     cuda::matmul(router, x, logits, n, ws_, stream_);
-    cuda::moe_route(logits, n, n_expert, k, ids, weights, stream_);
+    cuda::moe_route(logits, n, n_expert, k, ids, weights, x,
+                    shared ? ref::f32_data(w.shared_gate_inp) : nullptr, dim, shared_scale,
+                    stream_);
     cuda::experts_swiglu(gate, up, ids, k, x, mid, n, ws_, stream_);
+    // Each routed expert's down on its own warps, summed with the shared expert in the combine;
+    // the looping kernel where the type has no staged path.
+    if (cuda::experts_down_pairs(down, ids, k, mid, pairs, n, ws_, stream_)) {
+      if (shared) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+      cuda::moe_combine_pairs(pairs, weights, k, sout, shared_scale, out, n, dim, stream_);
+      return;
+    }
     cuda::experts_down(down, ids, weights, k, mid, routed, n, ws_, stream_);
     if (shared) {
-      cuda::matmul_swiglu(sg, su, x, smid, n, ws_, stream_);
-      cuda::matmul(sd, smid, sout, n, ws_, stream_);
-      cuda::moe_combine(routed, sout, x, ref::f32_data(w.shared_gate_inp), out, n, dim, stream_);
+      QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+      cuda::moe_combine(routed, sout, shared_scale, out, n, dim, stream_);
     }
   }
 
@@ -471,18 +496,29 @@ class CudaOps final : public Ops {
       d.u = r.u;
       d.n_top = n_top;
     }
+    bool plain_greedy = n_top == 0;
+    for (int64_t i = 0; i < n_rows && plain_greedy; ++i) {
+      const SamplingRow& r = rows[i];
+      plain_greedy = r.temperature == 0 && r.logit_bias.empty() && r.presence_penalty == 0 &&
+                     r.frequency_penalty == 0 && r.repetition_penalty == 1;
+    }
     uint8_t* dev = sample_dev_.get(total);
     QWENRT_CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(total),
                                       cudaMemcpyHostToDevice, stream_));
     const int64_t out_bytes = n_rows * int64_t{sizeof(SampledToken)};
     auto* dout = reinterpret_cast<SampledToken*>(sample_out_dev_.get(out_bytes));
-    void* ws = arena_.take(cuda::sample_workspace_bytes(n_rows, n_vocab));
     {
       Scope s(this, kSample);
-      cuda::sample(logits, n_vocab, reinterpret_cast<const cuda::DeviceSamplingRow*>(dev), n_rows,
-                   reinterpret_cast<const int32_t*>(dev + bias_ids_off),
-                   reinterpret_cast<const float*>(dev + bias_val_off),
-                   reinterpret_cast<const int32_t*>(dev + hist_off), dout, ws, stream_);
+      if (plain_greedy && n_rows <= 65535) {
+        void* ws = arena_.take(cuda::sample_greedy_workspace_bytes(n_rows));
+        cuda::sample_greedy(logits, n_vocab, n_rows, dout, ws, stream_);
+      } else {
+        void* ws = arena_.take(cuda::sample_workspace_bytes(n_rows, n_vocab));
+        cuda::sample(logits, n_vocab, reinterpret_cast<const cuda::DeviceSamplingRow*>(dev),
+                     n_rows, reinterpret_cast<const int32_t*>(dev + bias_ids_off),
+                     reinterpret_cast<const float*>(dev + bias_val_off),
+                     reinterpret_cast<const int32_t*>(dev + hist_off), dout, ws, stream_);
+      }
     }
     auto* hout = reinterpret_cast<SampledToken*>(sample_out_host_.get(out_bytes));
     QWENRT_CUDA_CHECK(cudaMemcpyAsync(hout, dout, static_cast<size_t>(out_bytes),
@@ -724,6 +760,10 @@ class CudaOps final : public Ops {
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  // A second stream for work beside the main one inside a step (forked from and joined back into
+  // stream_ by events, so a captured graph holds both branches).
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   DeviceArena arena_;
   void* ws_ = nullptr;
   std::vector<void*> buffers_;

@@ -73,6 +73,10 @@ void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, in
 // y [n, out] = sum_j weights[r * k + j] * (x[r * k + j] @ Wd[ids[r * k + j]]^T), x [n * k, ff].
 void experts_down(const Matrix& down, const int32_t* ids, const float* weights, int k,
                   const float* x, float* y, int64_t n, void* workspace, cudaStream_t stream);
+// The same without the sum: y_pairs [n * k, out] = x[p] @ Wd[ids[p]]^T (moe_combine_pairs adds
+// them). False, having launched nothing, where the type or layout has no such kernel.
+bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const float* x,
+                        float* y_pairs, int64_t n, void* workspace, cudaStream_t stream);
 // out [n, in] = rows tokens[0..n) of table (ref::embed_rows; ids are checked on the host).
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
                 cudaStream_t stream);
@@ -113,12 +117,19 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
               cudaStream_t stream);
 
 // ---- MoE routing (moe.cu) ----
-// ref::moe_route on logits [n, n_expert]: ids / weights [n, k].
+// ref::moe_route on logits [n, n_expert]: ids / weights [n, k]; with gate_inp [dim] (else null)
+// also the shared expert's gate shared_scale [n] = sigmoid(x[r] . gate_inp).
 void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids, float* weights,
+               const float* x, const float* gate_inp, int64_t dim, float* shared_scale,
                cudaStream_t stream);
-// out [n, dim] = routed [n, dim] + sigmoid(x[r] . gate_inp) * shared [n, dim] (gate_inp [dim]).
-void moe_combine(const float* routed, const float* shared, const float* x, const float* gate_inp,
-                 float* out, int64_t n, int64_t dim, cudaStream_t stream);
+// out [n, dim] = sum_j weights[r, j] * pairs[r * k + j] + shared_scale[r] * shared [n, dim]
+// (shared null: no shared expert).
+void moe_combine_pairs(const float* pairs, const float* weights, int k, const float* shared,
+                       const float* shared_scale, float* out, int64_t n, int64_t dim,
+                       cudaStream_t stream);
+// out [n, dim] = routed [n, dim] + shared_scale[r] * shared [n, dim].
+void moe_combine(const float* routed, const float* shared, const float* shared_scale, float* out,
+                 int64_t n, int64_t dim, cudaStream_t stream);
 
 // ---- Sampling (sampling.cu) ----
 // One output row's settings on the device (SamplingRow with its arrays packed into the step's
@@ -138,5 +149,11 @@ int64_t sample_workspace_bytes(int64_t n_rows, int64_t n_vocab);
 void sample(const float* logits, int64_t n_vocab, const DeviceSamplingRow* rows, int64_t n_rows,
             const int32_t* bias_ids, const float* bias_values, const int32_t* history,
             SampledToken* out, void* workspace, cudaStream_t stream);
+
+// The same for rows that are all plain greedy (temperature 0, no bias, no penalties, n_top 0):
+// the first maximum and its log-probability, the row split over many blocks.
+int64_t sample_greedy_workspace_bytes(int64_t n_rows);
+void sample_greedy(const float* logits, int64_t n_vocab, int64_t n_rows, SampledToken* out,
+                   void* workspace, cudaStream_t stream);
 
 }  // namespace qwenrt::ops::cuda

@@ -759,6 +759,30 @@ __global__ void __launch_bounds__(kStageWarps * 32)
   if (lane == 0) y[t * down.out + row] = ok ? acc : __int_as_float(0x7fc00000);
 }
 
+// Routed experts' down without the sum: y_pairs [n * k, out], global row = pair * out + row, so
+// the k experts of a token are read by different warps at once (a warp looping over them waits
+// one round trip per expert); moe_combine_pairs adds them up.
+template <class T, int VEC>
+__global__ void __launch_bounds__(kStageWarps * 32)
+    staged_experts_down_pairs_kernel(MatArg down, const int32_t* __restrict__ ids,
+                                     float* __restrict__ y, int64_t n_pairs, Acts a) {
+  __shared__ __align__(16) uint8_t buf[kStageWarps][2][kStageMaxTile];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t grow = int64_t{blockIdx.x} * kStageWarps + warp;
+  if (grow >= n_pairs * down.out) return;
+  const int64_t p = grow / down.out, row = grow % down.out;
+  const int32_t e = ids[p];
+  if (e < 0 || e >= down.n_expert) {
+    if (lane == 0) y[p * down.out + row] = __int_as_float(0x7fc00000);
+    return;
+  }
+  float acc[1] = {};
+  staged_row<T, 1, VEC>(down.data + e * down.expert_bytes + row * down.row_bytes,
+                        shift_rows(a, p), a.in, buf[warp], lane, acc);
+  warp_sum<1>(acc);
+  if (lane == 0) y[p * down.out + row] = acc[0];
+}
+
 // The widest copy every tile start allows: the data, every row, every expert and every full tile
 // start at multiples of it.
 template <class T>
@@ -894,6 +918,20 @@ bool staged_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids,
   return with_staged_type(g.dtype, vec, [&]<class T, int VEC>() {
     staged_experts_swiglu_kernel<T, VEC>
         <<<grid, kStageWarps * 32, 0, stream>>>(g, u, ids, k, y, n_pairs, a);
+    QWENRT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+bool staged_experts_down_pairs(const MatArg& d, const int32_t* ids, float* y, int64_t n_pairs,
+                               const Acts& a, cudaStream_t stream) {
+  if (staging_off()) return false;
+  const int vec = staged_vec_of(d);
+  const int64_t rows = n_pairs * d.out;
+  if ((rows + kStageWarps - 1) / kStageWarps > int64_t{0x7fffffff}) return false;
+  const unsigned grid = static_cast<unsigned>((rows + kStageWarps - 1) / kStageWarps);
+  return with_staged_type(d.dtype, vec, [&]<class T, int VEC>() {
+    staged_experts_down_pairs_kernel<T, VEC>
+        <<<grid, kStageWarps * 32, 0, stream>>>(d, ids, y, n_pairs, a);
     QWENRT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -1061,6 +1099,19 @@ void experts_down(const Matrix& down, const int32_t* ids, const float* weights, 
                   static_cast<unsigned>(std::min<int64_t>(n, kMaxGridY)));
   experts_down_kernel<<<grid, kThreads, 0, stream>>>(d, ids, weights, k, y, n, ts, rpb, a);
   QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const float* x,
+                        float* y_pairs, int64_t n, void* workspace, cudaStream_t stream) {
+  if (n <= 0) return true;
+  if (!is_quantised(down.dtype) || staging_off()) return false;
+  const MatArg d = mat_arg(down, x, "experts_down_pairs");
+  if (staged_vec_of(d) < 4) return false;
+  const Acts a = prepare_acts(x, n * k, down.in, true, workspace, stream);
+  if (!staged_experts_down_pairs(d, ids, y_pairs, n * k, a, stream)) {
+    bad_call("experts_down_pairs: no staged kernel for {}", dtype_name(down.dtype));
+  }
+  return true;
 }
 
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,

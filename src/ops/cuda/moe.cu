@@ -1,6 +1,10 @@
 // MoE routing and the shared expert's gated combine (ref::moe_route, ref::moe_ffn's tail). The
 // expert matmuls are matmul.cu's experts_swiglu / experts_down.
 #include <cfloat>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
@@ -102,44 +106,172 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, int32_t* 
   }
 }
 
-// One block per row: out = routed + sigmoid(x . gate_inp) * shared.
-__global__ void combine_kernel(const float* routed, const float* shared, const float* x,
-                               const float* gate_inp, float* out, int64_t dim) {
-  __shared__ float s_sum[32];
-  const int64_t row = blockIdx.x;
-  const float* xr = x + row * dim;
-  float acc = 0;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += xr[i] * gate_inp[i];
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
-  if (threadIdx.x % 32 == 0) s_sum[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0;
-    for (int w = 0; w < blockDim.x / 32; ++w) total += s_sum[w];
-    s_sum[0] = 1.0f / (1.0f + expf(-total));
+// One warp per row for up to 32 * kPerLane experts, everything in registers: the softmax in
+// double, k rounds of a warp arg max (ties to the lower id), renormalised as ref does; and the
+// shared expert's gate sigmoid(x . gate_inp) of the same row (gate_inp null: none).
+template <int kPerLane>
+__global__ void route_warp_kernel(const float* __restrict__ logits, int64_t n, int n_expert, int k,
+                                  int32_t* __restrict__ ids, float* __restrict__ weights,
+                                  const float* __restrict__ x, const float* __restrict__ gate_inp,
+                                  int64_t dim, float* __restrict__ shared_scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  if (row >= n) return;
+  const float* l = logits + row * n_expert;
+  double p[kPerLane];
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    const float v = e < n_expert ? l[e] : -FLT_MAX;
+    p[i] = v;
+    mx = fmaxf(mx, v);
   }
-  __syncthreads();
-  const float s = s_sum[0];
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-    out[row * dim + i] = routed[row * dim + i] + s * shared[row * dim + i];
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  double sum = 0;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    p[i] = e < n_expert ? exp(p[i] - double(mx)) : 0.0;
+    sum += p[i];
+  }
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) p[i] /= sum;
+  double picked = 0;
+  double chosen_p = 0;  // lane j keeps choice j's probability (k <= 32)
+  int chosen_id = 0;
+  for (int j = 0; j < k; ++j) {
+    double v = -1;
+    int id = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < n_expert && p[i] > v) {  // ascending e per lane: the first of equal values
+        v = p[i];
+        id = e;
+      }
+    }
+    for (int off = 16; off > 0; off /= 2) {
+      const double ov = __shfl_xor_sync(0xffffffffu, v, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, id, off);
+      if (ov > v || (ov == v && oi < id)) {
+        v = ov;
+        id = oi;
+      }
+    }
+    picked += v;
+    if (lane == j) {
+      chosen_p = v;
+      chosen_id = id;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + 32 * i == id) p[i] = -2;  // taken
+    }
+  }
+  picked = fmax(picked, 6.103515625e-5);
+  if (lane < k) {
+    ids[row * k + lane] = chosen_id;
+    weights[row * k + lane] = static_cast<float>(chosen_p / picked);
+  }
+  if (gate_inp) {
+    const float* xr = x + row * dim;
+    float acc = 0;
+    for (int64_t i = lane; i < dim; i += 32) acc += xr[i] * gate_inp[i];
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) shared_scale[row] = 1.0f / (1.0f + expf(-acc));
+  }
+}
+
+// out = routed + scale[row] * shared, a float4 per thread (dim % 4 == 0; rows 16-byte aligned).
+__global__ void combine_kernel(const float4* __restrict__ routed, const float4* __restrict__ shared,
+                               const float* __restrict__ scale, float4* __restrict__ out,
+                               int64_t dim4, int64_t total4) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= total4) return;
+  const float s = scale[i / dim4];
+  const float4 r = routed[i], h = shared[i];
+  out[i] = make_float4(r.x + s * h.x, r.y + s * h.y, r.z + s * h.z, r.w + s * h.w);
+}
+
+// The same one float at a time.
+__global__ void combine_scalar_kernel(const float* __restrict__ routed,
+                                      const float* __restrict__ shared,
+                                      const float* __restrict__ scale, float* __restrict__ out,
+                                      int64_t dim, int64_t total) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  out[i] = routed[i] + scale[i / dim] * shared[i];
+}
+
+// One thread per output element: the k routed pairs in choice order, then the shared expert.
+__global__ void combine_pairs_kernel(const float* __restrict__ pairs,
+                                     const float* __restrict__ weights, int k,
+                                     const float* __restrict__ shared,
+                                     const float* __restrict__ scale, float* __restrict__ out,
+                                     int64_t dim, int64_t total) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t r = i / dim, c = i % dim;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) acc += weights[r * k + j] * pairs[(r * k + j) * dim + c];
+  if (shared) acc += scale[r] * shared[i];
+  out[i] = acc;
 }
 
 }  // namespace
 
 void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids, float* weights,
+               const float* x, const float* gate_inp, int64_t dim, float* shared_scale,
                cudaStream_t stream) {
   if (n == 0) return;
-  if (k > n_expert) cuda_fail("moe: top-" + std::to_string(k) + " of " + std::to_string(n_expert) + " experts");
-  route_kernel<<<static_cast<unsigned>(n), kRouteThreads, n_expert * sizeof(double), stream>>>(
-      logits, n_expert, k, ids, weights);
+  if (k > n_expert || k > 32) {
+    cuda_fail("moe: top-" + std::to_string(k) + " of " + std::to_string(n_expert) + " experts");
+  }
+  const unsigned blocks = static_cast<unsigned>((n * 32 + 255) / 256);
+  auto launch = [&](auto per_lane) {
+    route_warp_kernel<decltype(per_lane)::value><<<blocks, 256, 0, stream>>>(
+        logits, n, n_expert, k, ids, weights, x, gate_inp, dim, shared_scale);
+  };
+  if (n_expert <= 64) {
+    launch(std::integral_constant<int, 2>{});
+  } else if (n_expert <= 128) {
+    launch(std::integral_constant<int, 4>{});
+  } else if (n_expert <= 256) {
+    launch(std::integral_constant<int, 8>{});
+  } else if (n_expert <= 512) {
+    launch(std::integral_constant<int, 16>{});
+  } else {
+    if (gate_inp) cuda_fail("moe: a shared expert gate with more than 512 experts");
+    route_kernel<<<static_cast<unsigned>(n), kRouteThreads, n_expert * sizeof(double), stream>>>(
+        logits, n_expert, k, ids, weights);
+  }
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
-void moe_combine(const float* routed, const float* shared, const float* x, const float* gate_inp,
-                 float* out, int64_t n, int64_t dim, cudaStream_t stream) {
+void moe_combine(const float* routed, const float* shared, const float* scale, float* out,
+                 int64_t n, int64_t dim, cudaStream_t stream) {
   if (n == 0) return;
-  combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(routed, shared, x, gate_inp, out,
-                                                               dim);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (dim % 4 == 0 && aligned(routed) && aligned(shared) && aligned(out)) {
+    const int64_t total4 = n * dim / 4;
+    combine_kernel<<<static_cast<unsigned>((total4 + 255) / 256), 256, 0, stream>>>(
+        reinterpret_cast<const float4*>(routed), reinterpret_cast<const float4*>(shared), scale,
+        reinterpret_cast<float4*>(out), dim / 4, total4);
+  } else {
+    combine_scalar_kernel<<<static_cast<unsigned>((n * dim + 255) / 256), 256, 0, stream>>>(
+        routed, shared, scale, out, dim, n * dim);
+  }
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+void moe_combine_pairs(const float* pairs, const float* weights, int k, const float* shared,
+                       const float* shared_scale, float* out, int64_t n, int64_t dim,
+                       cudaStream_t stream) {
+  if (n == 0) return;
+  combine_pairs_kernel<<<static_cast<unsigned>((n * dim + 255) / 256), 256, 0, stream>>>(
+      pairs, weights, k, shared, shared_scale, out, dim, n * dim);
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 

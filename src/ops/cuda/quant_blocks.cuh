@@ -28,15 +28,16 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t h) {
   return __uint_as_float(uint32_t{h} << 16);
 }
 
-// Read-only loads through the non-coherent path (weights never change during a kernel).
+// Plain (generic-address) loads: the staged GEMV reads blocks from shared memory with the same
+// code, so no __ldg (a global-only instruction) here.
 __device__ __forceinline__ int4 load16(const uint8_t* p) {  // p 16-byte aligned
-  return __ldg(reinterpret_cast<const int4*>(p));
+  return *reinterpret_cast<const int4*>(p);
 }
 __device__ __forceinline__ uint2 load8(const uint8_t* p) {  // p 8-byte aligned
-  return __ldg(reinterpret_cast<const uint2*>(p));
+  return *reinterpret_cast<const uint2*>(p);
 }
 __device__ __forceinline__ uint16_t load2(const uint8_t* p) {  // p 2-byte aligned
-  return __ldg(reinterpret_cast<const unsigned short*>(p));
+  return *reinterpret_cast<const unsigned short*>(p);
 }
 // Four bytes at a 2-byte aligned address (Q6_K, Q8_0 and Q4_0 blocks are only 2-byte aligned).
 __device__ __forceinline__ uint32_t load4_a2(const uint8_t* p) {
@@ -176,8 +177,8 @@ struct Q6K {
       w.qh[i] = load4_a2(qh + 4 * i);
     }
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192) + 8 * n + t + 2 * a;
-    w.sc0 = __ldg(sc);
-    w.sc1 = __ldg(sc + 4);
+    w.sc0 = *sc;
+    w.sc1 = *(sc + 4);
     w.d = half_bits_to_float(load2(blk + 208));
     return w;
   }

@@ -581,10 +581,112 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+
+// ---- Plain greedy rows (no bias, no penalties, no top log-probabilities) ----
+// The general kernel gives a row one block, which reads 1 MB of logits at one SM's latency-bound
+// rate (~80 us at 248k). Plain greedy needs only the first maximum and log-sum-exp: many blocks
+// per row take a slice each (partial max, its first index, sum of exp relative to the partial
+// max), and one block per row combines the partials.
+constexpr int kGreedyThreads = 256;
+constexpr int kGreedySlices = 32;
+
+struct GreedyPart {
+  float max;
+  int32_t id;
+  float sum;  // sum over the slice of exp(x - max)
+};
+
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_parts_kernel(const float* __restrict__ logits, int64_t n, GreedyPart* __restrict__ parts) {
+  __shared__ float s_max[kGreedyThreads / 32];
+  __shared__ int32_t s_id[kGreedyThreads / 32];
+  __shared__ float s_sum[kGreedyThreads / 32];
+  const int64_t row = blockIdx.y;
+  const float* x = logits + row * n;
+  const int64_t per = (n + kGreedySlices - 1) / kGreedySlices;
+  const int64_t begin = blockIdx.x * per, end = min(n, begin + per);
+  float m = -INFINITY, sum = 0.0f;
+  int32_t id = INT_MAX;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kGreedyThreads) {
+    const float v = x[i];
+    if (v > m) {  // ascending i per thread: the first maximum
+      sum = sum * expf(m - v) + 1.0f;
+      m = v;
+      id = static_cast<int32_t>(i);
+    } else {
+      sum += expf(v - m);
+    }
+  }
+  // Warp, then block: combine (max, first id, sum rescaled to the larger max).
+  auto merge = [](float& m, int32_t& id, float& sum, float om, int32_t oid, float osum) {
+    if (om > m || (om == m && oid < id)) {
+      sum = (m == -INFINITY ? 0.0f : sum * expf(m - om)) + osum;
+      m = om;
+      id = oid;
+    } else if (om != -INFINITY) {
+      sum += osum * expf(om - m);
+    }
+  };
+  for (int off = 16; off > 0; off /= 2) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, off);
+    const int32_t oid = __shfl_xor_sync(0xffffffffu, id, off);
+    const float os = __shfl_xor_sync(0xffffffffu, sum, off);
+    merge(m, id, sum, om, oid, os);
+  }
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) s_max[warp] = m, s_id[warp] = id, s_sum[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kGreedyThreads / 32; ++w) merge(m, id, sum, s_max[w], s_id[w], s_sum[w]);
+    parts[row * kGreedySlices + blockIdx.x] = GreedyPart{m, id, sum};
+  }
+}
+
+__global__ void greedy_combine_kernel(const float* __restrict__ logits, int64_t n,
+                                      const GreedyPart* __restrict__ parts,
+                                      SampledToken* __restrict__ out) {
+  const int64_t row = blockIdx.x;
+  if (threadIdx.x != 0) return;
+  const GreedyPart* p = parts + row * kGreedySlices;
+  float m = -INFINITY;
+  int32_t id = INT_MAX;
+  for (int b = 0; b < kGreedySlices; ++b) {
+    if (p[b].max > m || (p[b].max == m && p[b].id < id)) m = p[b].max, id = p[b].id;
+  }
+  double z = 0;
+  for (int b = 0; b < kGreedySlices; ++b) {
+    if (p[b].max != -INFINITY) z += double(p[b].sum) * exp(double(p[b].max) - double(m));
+  }
+  SampledToken tok;
+  // ref's max_element over all -inf (or NaN-free) logits: token 0.
+  if (id == INT_MAX) id = 0;
+  tok.id = id;
+  tok.logprob = static_cast<float>(double(logits[row * n + id]) - (double(m) + log(z)));
+  tok.n_top = 0;
+  out[row] = tok;
+}
+
 }  // namespace
 
 int64_t sample_workspace_bytes(int64_t n_rows, int64_t n_vocab) {
   return n_rows * 2 * n_vocab * int64_t{sizeof(double)};
+}
+
+int64_t sample_greedy_workspace_bytes(int64_t n_rows) {
+  return n_rows * kGreedySlices * int64_t{sizeof(GreedyPart)};
+}
+
+void sample_greedy(const float* logits, int64_t n_vocab, int64_t n_rows, SampledToken* out,
+                   void* workspace, cudaStream_t stream) {
+  if (n_rows == 0) return;
+  if (n_rows > 65535) cuda_fail("sampling: " + std::to_string(n_rows) + " greedy rows at once");
+  auto* parts = static_cast<GreedyPart*>(workspace);
+  greedy_parts_kernel<<<dim3(kGreedySlices, static_cast<unsigned>(n_rows)), kGreedyThreads, 0,
+                        stream>>>(logits, n_vocab, parts);
+  QWENRT_CUDA_CHECK_LAUNCH();
+  greedy_combine_kernel<<<static_cast<unsigned>(n_rows), 32, 0, stream>>>(logits, n_vocab, parts,
+                                                                          out);
+  QWENRT_CUDA_CHECK_LAUNCH();
 }
 
 void sample(const float* logits, int64_t n_vocab, const DeviceSamplingRow* rows, int64_t n_rows,
