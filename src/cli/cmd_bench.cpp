@@ -1,4 +1,4 @@
-// `qwenrt bench [-m MODEL] [-p 512,4096] [-n 128] [-b 8,32,128] [-r 5] [--json]`: the speed
+// `qwenrt bench [-m MODEL] [-p 512,4096] [-n 128] [-d 0] [-b 8,32,128] [-r 5] [--json]`: the speed
 // figures DESIGN.md asks for, measured through Engine::step on random token ids:
 //   ppP      prefill of P tokens from an empty sequence, one step; tok/s and time to first token
 //   tgN      decode at batch 1: N steps of one token after 4 untimed warm-up steps
