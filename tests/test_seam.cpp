@@ -2,8 +2,10 @@
 // number of sequences, no allocation in a decode step after warm-up, a snapshot of one slot
 // leaves every other slot alone, shared KV pages are copied on write, and sampling on the
 // backend equals the sampler.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -11,6 +13,8 @@
 #include <new>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/engine.h"
 #include "ops/ref/sampling.h"
@@ -72,11 +76,28 @@ using testing_support::rel_l2;
 // Forwards to a backend and counts the calls of each entry.
 class CountingOps final : public ops::Ops {
  public:
-  explicit CountingOps(std::unique_ptr<ops::Ops> inner, std::map<std::string, int>* counts)
-      : inner_(std::move(inner)), counts_(counts) {}
+  explicit CountingOps(std::unique_ptr<ops::Ops> inner, std::map<std::string, int>* counts,
+                       int64_t* peak_floats = nullptr)
+      : inner_(std::move(inner)), counts_(counts), peak_(peak_floats) {}
   const char* name() const override { return inner_->name(); }
-  float* alloc(int64_t n) override { return tick("alloc"), inner_->alloc(n); }
-  void reset_workspace() override { inner_->reset_workspace(); }
+  float* alloc(int64_t n) override {
+    live_ += n;
+    if (peak_) *peak_ = std::max(*peak_, live_);
+    return tick("alloc"), inner_->alloc(n);
+  }
+  void reset_workspace() override {
+    live_ = 0;
+    inner_->reset_workspace();
+  }
+  // Marks are this wrapper's own (the live workspace at the mark), paired with the inner one's.
+  int64_t workspace_mark() override {
+    marks_.push_back({live_, inner_->workspace_mark()});
+    return static_cast<int64_t>(marks_.size()) - 1;
+  }
+  void workspace_release(int64_t mark) override {
+    live_ = marks_.at(mark).first;
+    inner_->workspace_release(marks_.at(mark).second);
+  }
   void* alloc_buffer(int64_t b) override { return inner_->alloc_buffer(b); }
   void free_buffer(void* b) override { inner_->free_buffer(b); }
   void copy(void* d, const void* s, int64_t b) override { tick("copy"), inner_->copy(d, s, b); }
@@ -144,6 +165,9 @@ class CountingOps final : public ops::Ops {
   void tick(const char* what) { ++(*counts_)[what]; }
   std::unique_ptr<ops::Ops> inner_;
   std::map<std::string, int>* counts_;
+  int64_t* peak_;
+  int64_t live_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> marks_;
 };
 
 struct SeamCase {
@@ -342,6 +366,39 @@ TEST_P(SeamTest, NoAllocationInADecodeStepAfterWarmUp) {
     ASSERT_EQ(out.size(), 2u);
   }
   EXPECT_EQ(allocs_after_warmup, 0);
+}
+
+// Each layer's temporaries go back to the workspace when the layer is done: a step's peak
+// workspace is the same for a model of 4 layers and one of 8 (without the release it doubles).
+TEST_P(SeamTest, WorkspacePeakDoesNotGrowWithLayers) {
+  int64_t peak[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const int layers = i == 0 ? 4 : 8;
+    const bool dense = GetParam().arch == model::Arch::kQwen35;
+    const std::string file = testing_support::write_tiny(
+        GetParam().arch,
+        fmt::format("seam_layers{}_{}_{}.gguf", layers, dense ? "dense" : "moe",
+                    GetParam().backend),
+        [&](model::SynthSpec& s) {
+          s.config.n_layer = layers;
+          if (std::string(GetParam().backend) == "cuda") s.config.head_dim = 64;
+        });
+    std::map<std::string, int> counts;
+    EngineOptions o;
+    o.n_ctx = 256;
+    const std::string backend = GetParam().backend;
+    int64_t* p = &peak[i];
+    o.make_backend = [&counts, backend, p] {
+      return std::make_unique<CountingOps>(backend == "ref"    ? ops::make_ref_ops()
+                                           : backend == "cuda" ? ops::make_cuda_ops()
+                                                               : ops::make_cpu_ops(2),
+                                           &counts, p);
+    };
+    auto e = Engine::load(file, o);
+    e->step(prefill_batch(*e, 1, 20, 70));
+  }
+  EXPECT_GT(peak[0], 0);
+  EXPECT_EQ(peak[0], peak[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SeamTest,

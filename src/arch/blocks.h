@@ -38,7 +38,9 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
   ops.embed(w.token_embd, x);
   ops.rmsnorm(x, w.layers[0].attn_norm, h, n, e, c.rms_eps);
   for (int il = 0; il < c.n_layer; ++il) {
-    // h = attn_norm(x) on entry; each residual add is fused with the norm that follows it.
+    // h = attn_norm(x) on entry; each residual add is fused with the norm that follows it. The
+    // layer's temporaries go back to the workspace once x and h are updated.
+    const int64_t mark = ops.workspace_mark();
     const auto& layer = w.layers[il];
     if (const auto* attn = std::get_if<model::AttentionWeights>(&layer.mixer)) {
       attention_block(ctx, *attn, il, h, mixed);
@@ -52,6 +54,7 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
     } else {
       ops.add(x, mixed, x, n * e);
     }
+    ops.workspace_release(mark);
   }
   if (n_out == 0) return {};
   float* last = ops.alloc(n_out * e);

@@ -35,6 +35,10 @@ class Ops {
   // of the same shape, a fast backend serves these without allocating.
   virtual float* alloc(int64_t n_floats) = 0;
   virtual void reset_workspace() = 0;
+  // A point in the workspace, and giving back everything allocated after it (a layer's
+  // temporaries once its output is in place). A backend may keep the memory (the default does).
+  virtual int64_t workspace_mark() { return 0; }
+  virtual void workspace_release(int64_t mark) { (void)mark; }
   // Persistent backend memory (sequence state, snapshots), zero-filled; freed with free_buffer.
   virtual void* alloc_buffer(int64_t bytes) = 0;
   virtual void free_buffer(void* buffer) = 0;

@@ -68,6 +68,16 @@ class Arena {
     high_water_ += bytes;
     return p;
   }
+  // The current block and its fill; release goes back to it if no block was added since (else
+  // the memory stays until the next reset merges the blocks).
+  int64_t mark() const {
+    if (blocks_.empty()) return 0;
+    return (static_cast<int64_t>(blocks_.size()) << 40) | blocks_.back().used;
+  }
+  void release(int64_t mark) {
+    if (blocks_.empty() || (mark >> 40) != static_cast<int64_t>(blocks_.size())) return;
+    blocks_.back().used = mark & ((int64_t{1} << 40) - 1);
+  }
   void reset() {
     if (blocks_.size() > 1) {
       int64_t total = 0;
@@ -103,6 +113,8 @@ class CpuOps final : public HostOps {
     return static_cast<float*>(arena_.take(n_floats * int64_t{sizeof(float)}));
   }
   void reset_workspace() override { arena_.reset(); }
+  int64_t workspace_mark() override { return arena_.mark(); }
+  void workspace_release(int64_t mark) override { arena_.release(mark); }
 
   void begin_step(const StepLayout& layout) override {
     HostOps::begin_step(layout);
