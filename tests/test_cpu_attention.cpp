@@ -17,6 +17,7 @@
 #include "ops/cpu/attention.h"
 #include "ops/cpu/common.h"
 #include "ops/ref/kernels.h"
+#include "support/model_files.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
@@ -25,14 +26,7 @@ std::string sci(double x) {
   return fmt::format("{:.2e}", x);
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using testing_support::rel_l2;
 
 ThreadPool& shared_pool() {
   static ThreadPool* pool = new ThreadPool(2);  // never destroyed: tests only need it alive

@@ -13,6 +13,7 @@
 #include "ops/cpu/common.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/ref/kernels.h"
+#include "support/model_files.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
@@ -21,15 +22,7 @@ std::string sci(double x) {
   return fmt::format("{:.2e}", x);
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));  // NaN anywhere makes this NaN: fails EXPECT_LT
-}
+using testing_support::rel_l2;
 
 std::vector<float> randn(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);

@@ -13,6 +13,7 @@
 #include "ops/cpu/matmul.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
+#include "support/model_files.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
@@ -50,15 +51,7 @@ std::vector<float> random_activations(int64_t n, std::mt19937& rng) {
   return x;
 }
 
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = double(got[i]) - want[i];
-    num += d * d;
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using testing_support::rel_l2;
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;

@@ -13,28 +13,14 @@
 #include "ops/cpu/moe.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
+#include "support/model_files.h"
+#include "support/weights.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
 
-// A quantised tensor [in, out, n_mat] of random weights (std `scale`), owned.
-struct Tensor {
-  std::vector<uint8_t> bytes;
-  Weight w;
-};
-Tensor make_tensor(const char* name, DType type, int64_t in, int64_t out, int64_t n_mat,
-                   float scale, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(in * out * n_mat);
-  for (auto& f : v) f = normal(rng);
-  const auto& tr = traits(type);
-  Tensor t;
-  t.bytes.resize(v.size() / tr.block_elems * tr.block_bytes);
-  quant::quantize(type, v.data(), t.bytes.data(), static_cast<int64_t>(v.size()));
-  const int n_dims = n_mat > 1 ? 3 : (out > 1 ? 2 : 1);
-  t.w = Weight{name, TensorView::contiguous(type, n_dims, {in, out, n_mat, 1}, t.bytes.data())};
-  return t;
-}
+using Tensor = testing_support::QuantTensor;
+using testing_support::quantized_tensor;
 
 struct MoeCase {
   int n_expert, k;
@@ -52,7 +38,7 @@ MoeModel make_model(const MoeCase& c, std::mt19937& rng) {
   MoeModel m;
   m.tensors.reserve(9);
   auto add = [&](const char* name, DType t, int64_t in, int64_t out, int64_t n_mat, float s) {
-    m.tensors.push_back(make_tensor(name, t, in, out, n_mat, s, rng));
+    m.tensors.push_back(quantized_tensor(name, t, in, out, n_mat, s, rng));
     return m.tensors.back().w;
   };
   m.w.router = add("router", DType::F32, c.dim, c.n_expert, 1, c.zero_router ? 0.0f : 0.2f);
@@ -72,15 +58,7 @@ MoeModel make_model(const MoeCase& c, std::mt19937& rng) {
   return m;
 }
 
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = double(got[i]) - want[i];
-    num += d * d;
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using testing_support::rel_l2;
 
 // Activations go through int8 twice: x (~6e-3 relative, as in a plain matmul), then the hidden
 // rows silu(gate) * up, whose heavy tails (a product of Gaussians) make per-256 int8 rounding

@@ -22,6 +22,7 @@
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
+#include "support/model_files.h"
 
 namespace qwenrt::ops::cuda {
 namespace {
@@ -63,15 +64,7 @@ std::vector<float> random_floats(int64_t n, std::mt19937& rng, float scale = 1.0
   return x;
 }
 
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = double(got[i]) - want[i];
-    num += d * d;
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));  // NaN (an unwritten element) fails any check
-}
+using testing_support::rel_l2;
 
 bool int8_path(DType t) {
   return t != DType::F32 && t != DType::F16 && t != DType::BF16;

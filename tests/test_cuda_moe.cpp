@@ -11,27 +11,14 @@
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
+#include "support/model_files.h"
+#include "support/weights.h"
 
 namespace qwenrt::ops {
 namespace {
 
-struct Tensor {
-  std::vector<uint8_t> bytes;
-  Weight w;
-};
-Tensor make_tensor(const char* name, DType type, int64_t in, int64_t out, int64_t n_mat,
-                   float scale, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(in * out * n_mat);
-  for (auto& f : v) f = normal(rng);
-  const auto& tr = traits(type);
-  Tensor t;
-  t.bytes.resize(v.size() / tr.block_elems * tr.block_bytes);
-  quant::quantize(type, v.data(), t.bytes.data(), static_cast<int64_t>(v.size()));
-  const int n_dims = n_mat > 1 ? 3 : (out > 1 ? 2 : 1);
-  t.w = Weight{name, TensorView::contiguous(type, n_dims, {in, out, n_mat, 1}, t.bytes.data())};
-  return t;
-}
+using Tensor = testing_support::QuantTensor;
+using testing_support::quantized_tensor;
 
 struct MoeCase {
   int n_expert, k;
@@ -40,15 +27,7 @@ struct MoeCase {
   DType gate_up, down, shared_gate_up, shared_down;
 };
 
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = double(got[i]) - want[i];
-    num += d * d;
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));  // NaN (an unwritten element) fails
-}
+using testing_support::rel_l2;
 
 // Two int8 activation roundings (x, then the hidden rows), as on the cpu backend
 // (tests/test_cpu_moe.cpp measured 1.6e-2 .. 1.9e-2 there); a wrong row or expert gives > 1e-1.
@@ -60,7 +39,7 @@ void check_case(const MoeCase& c) {
   std::vector<Tensor> tensors;
   tensors.reserve(9);
   auto add = [&](const char* name, DType t, int64_t in, int64_t out, int64_t n_mat, float s) {
-    tensors.push_back(make_tensor(name, t, in, out, n_mat, s, rng));
+    tensors.push_back(quantized_tensor(name, t, in, out, n_mat, s, rng));
     return tensors.back().w;
   };
   MoeWeights host;
