@@ -11,7 +11,7 @@ namespace qwenrt::cli {
 
 struct BackendOptions {
   std::string backend = "auto";  // cuda when a GPU is usable, else cpu
-  int threads = 0;  // 0: the physical cores
+  int threads = 0;               // 0: the physical cores
 };
 
 inline void add_backend_options(CLI::App* sub, BackendOptions& opt) {

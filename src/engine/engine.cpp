@@ -45,9 +45,8 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
       config_(model::Config::from_gguf(file_)),
       identity_(model::identify(file_)),
       options_(options) {
-  const std::string backend = options.backend == "auto"
-                                  ? (ops::cuda_available() ? "cuda" : "cpu")
-                                  : options.backend;
+  const std::string backend =
+      options.backend == "auto" ? (ops::cuda_available() ? "cuda" : "cpu") : options.backend;
   if (options.make_backend) {
     ops_ = options.make_backend();
   } else if (backend == "ref") {

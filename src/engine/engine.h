@@ -23,7 +23,7 @@ namespace qwenrt::engine {
 
 struct EngineOptions {
   std::string backend = "auto";  // "auto" (cuda if usable, else cpu), "cuda", "cpu", "ref"
-  int n_threads = 0;            // cpu backend threads; 0 = the physical cores
+  int n_threads = 0;             // cpu backend threads; 0 = the physical cores
   // A backend of the caller's making instead of `backend` (tests wrap one to watch its calls).
   std::function<std::unique_ptr<ops::Ops>()> make_backend;
   int n_slots = 1;    // sequences held at once

@@ -35,11 +35,11 @@ template <class... Args>
 
 }  // namespace qwenrt::ops::cuda
 
-#define QWENRT_CUDA_CHECK(expr)                                                       \
-  do {                                                                                \
-    const cudaError_t qwenrt_cuda_err_ = (expr);                                      \
-    if (qwenrt_cuda_err_ != cudaSuccess)                                              \
-      ::qwenrt::ops::cuda::cuda_failed(qwenrt_cuda_err_, #expr, __FILE__, __LINE__);  \
+#define QWENRT_CUDA_CHECK(expr)                                                      \
+  do {                                                                               \
+    const cudaError_t qwenrt_cuda_err_ = (expr);                                     \
+    if (qwenrt_cuda_err_ != cudaSuccess)                                             \
+      ::qwenrt::ops::cuda::cuda_failed(qwenrt_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: launch-configuration errors surface here (execution errors surface at
