@@ -5,9 +5,13 @@
 namespace qwenrt::ops {
 
 std::unique_ptr<Ops> make_cuda_ops(int) {
-  fail("the cuda backend is not in this build (configure with -DQWENRT_CUDA=ON where nvcc is found)");
+  fail(
+      "the cuda backend is not in this build (configure with -DQWENRT_CUDA=ON where nvcc is "
+      "found)");
 }
 
-bool cuda_available() { return false; }
+bool cuda_available() {
+  return false;
+}
 
 }  // namespace qwenrt::ops

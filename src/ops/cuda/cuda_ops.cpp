@@ -37,7 +37,9 @@ bool env_flag(const char* name, bool fallback) {
   return std::strcmp(v, "0") != 0;
 }
 
-int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+int64_t round_up(int64_t v, int64_t to) {
+  return (v + to - 1) / to * to;
+}
 
 // Device bump allocator: like the cpu backend's arena, a step that outgrows the current block
 // gets a new one and the next reset merges them. generation() changes whenever addresses change
@@ -139,23 +141,36 @@ class DeviceBuffer {
   int64_t size_ = 0;
 };
 
-const char* const kOpClasses[] = {"embed",     "matmul", "norm",     "rope",   "elementwise",
-                                  "attention", "deltanet", "moe",    "ffn",    "sample"};
-enum OpClass { kEmbed, kMatmul, kNorm, kRope, kElementwise, kAttention, kDeltaNet, kMoe, kFfn,
-               kSample, kNumClasses };
+const char* const kOpClasses[] = {"embed",     "matmul",   "norm", "rope", "elementwise",
+                                  "attention", "deltanet", "moe",  "ffn",  "sample"};
+enum OpClass {
+  kEmbed,
+  kMatmul,
+  kNorm,
+  kRope,
+  kElementwise,
+  kAttention,
+  kDeltaNet,
+  kMoe,
+  kFfn,
+  kSample,
+  kNumClasses
+};
 
 class CudaOps final : public Ops {
  public:
   explicit CudaOps(int device) : device_(device) {
     int count = 0;
     QWENRT_CUDA_CHECK(cudaGetDeviceCount(&count));
-    if (device < 0 || device >= count) fail("cuda backend: no GPU {} (this machine has {})", device, count);
+    if (device < 0 || device >= count)
+      fail("cuda backend: no GPU {} (this machine has {})", device, count);
     QWENRT_CUDA_CHECK(cudaSetDevice(device));
     QWENRT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     QWENRT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-    for (auto& e : stage_done_) QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (auto& e : stage_done_)
+      QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     profile_ = env_flag("QWENRT_CUDA_PROFILE", false);
     graphs_enabled_ = env_flag("QWENRT_CUDA_GRAPHS", true) && !profile_;
   }
@@ -216,8 +231,8 @@ class CudaOps final : public Ops {
   }
   void copy(void* dst, const void* src, int64_t bytes) override {
     if (skip()) return;
-    QWENRT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
-                                      cudaMemcpyDeviceToDevice, stream_));
+    QWENRT_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_));
   }
   void fill_zero(void* dst, int64_t bytes) override {
     if (skip()) return;
@@ -225,14 +240,14 @@ class CudaOps final : public Ops {
   }
   void upload(const float* host, float* dst, int64_t n) override {
     end_capture("upload");
-    QWENRT_CUDA_CHECK(cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4,
-                                      cudaMemcpyHostToDevice, stream_));
+    QWENRT_CUDA_CHECK(
+        cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
     QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host array may go away
   }
   void download(const float* src, float* host, int64_t n) override {
     end_capture("download");
-    QWENRT_CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4,
-                                      cudaMemcpyDeviceToHost, stream_));
+    QWENRT_CUDA_CHECK(
+        cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
     QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
     collect_profile();
   }
@@ -307,7 +322,8 @@ class CudaOps final : public Ops {
   void matmuls(const float* x, int64_t n, std::span<const Projection> projections) override {
     cuda::Projection p[kMaxProjections];
     if (projections.size() > kMaxProjections) return Ops::matmuls(x, n, projections);
-    for (size_t i = 0; i < projections.size(); ++i) p[i] = {matrix(*projections[i].w), projections[i].y};
+    for (size_t i = 0; i < projections.size(); ++i)
+      p[i] = {matrix(*projections[i].w), projections[i].y};
     const int n_p = static_cast<int>(projections.size());
     if (skip(cuda::matmul_group_workspace_bytes(p, n_p, n))) return;
     Scope s(this, kMatmul);
@@ -416,8 +432,8 @@ class CudaOps final : public Ops {
                                  cuda::matmul_workspace_bytes(gate, n * k),
                                  cuda::matmul_workspace_bytes(down, n * k)});
     if (shared) {
-      ws_bytes = std::max({ws_bytes, cuda::matmul_workspace_bytes(sg, n),
-                           cuda::matmul_workspace_bytes(sd, n)});
+      ws_bytes = std::max(
+          {ws_bytes, cuda::matmul_workspace_bytes(sg, n), cuda::matmul_workspace_bytes(sd, n)});
     }
     // The shared expert runs on the side stream, beside the routed experts (its own workspace).
     void* side_ws = shared ? arena_.take(ws_bytes) : nullptr;
@@ -462,7 +478,8 @@ class CudaOps final : public Ops {
       n_hist += static_cast<int64_t>(rows[i].history.size());
     }
     const int64_t rows_bytes = round_up(n_rows * int64_t{sizeof(cuda::DeviceSamplingRow)}, 256);
-    const int64_t bias_ids_off = rows_bytes, bias_val_off = bias_ids_off + round_up(n_bias * 4, 256);
+    const int64_t bias_ids_off = rows_bytes,
+                  bias_val_off = bias_ids_off + round_up(n_bias * 4, 256);
     const int64_t hist_off = bias_val_off + round_up(n_bias * 4, 256);
     const int64_t total = hist_off + round_up(n_hist * 4, 256);
     uint8_t* host = sample_stage_.get(total);
@@ -503,8 +520,8 @@ class CudaOps final : public Ops {
                      r.frequency_penalty == 0 && r.repetition_penalty == 1;
     }
     uint8_t* dev = sample_dev_.get(total);
-    QWENRT_CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(total),
-                                      cudaMemcpyHostToDevice, stream_));
+    QWENRT_CUDA_CHECK(
+        cudaMemcpyAsync(dev, host, static_cast<size_t>(total), cudaMemcpyHostToDevice, stream_));
     const int64_t out_bytes = n_rows * int64_t{sizeof(SampledToken)};
     auto* dout = reinterpret_cast<SampledToken*>(sample_out_dev_.get(out_bytes));
     {
@@ -514,8 +531,8 @@ class CudaOps final : public Ops {
         cuda::sample_greedy(logits, n_vocab, n_rows, dout, ws, stream_);
       } else {
         void* ws = arena_.take(cuda::sample_workspace_bytes(n_rows, n_vocab));
-        cuda::sample(logits, n_vocab, reinterpret_cast<const cuda::DeviceSamplingRow*>(dev),
-                     n_rows, reinterpret_cast<const int32_t*>(dev + bias_ids_off),
+        cuda::sample(logits, n_vocab, reinterpret_cast<const cuda::DeviceSamplingRow*>(dev), n_rows,
+                     reinterpret_cast<const int32_t*>(dev + bias_ids_off),
                      reinterpret_cast<const float*>(dev + bias_val_off),
                      reinterpret_cast<const int32_t*>(dev + hist_off), dout, ws, stream_);
       }
@@ -616,8 +633,8 @@ class CudaOps final : public Ops {
     bool grew = false;
     uint8_t* dev = layout_dev_.get(total, &grew);
     if (grew) ++layout_generation_;
-    QWENRT_CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(total),
-                                      cudaMemcpyHostToDevice, stream_));
+    QWENRT_CUDA_CHECK(
+        cudaMemcpyAsync(dev, host, static_cast<size_t>(total), cudaMemcpyHostToDevice, stream_));
     dstep_ = {.tokens = reinterpret_cast<const int32_t*>(dev + tok_off),
               .positions = reinterpret_cast<const int32_t*>(dev + pos_off),
               .n = l.n,
@@ -738,7 +755,8 @@ class CudaOps final : public Ops {
     if (!profile_) return;
     for (size_t i = 0; i < profile_used_; ++i) {
       float ms = 0;
-      QWENRT_CUDA_CHECK(cudaEventElapsedTime(&ms, profile_events_[i].start, profile_events_[i].stop));
+      QWENRT_CUDA_CHECK(
+          cudaEventElapsedTime(&ms, profile_events_[i].start, profile_events_[i].stop));
       profile_ms_[profile_events_[i].op] += ms;
       ++profile_calls_[profile_events_[i].op];
     }
@@ -748,7 +766,8 @@ class CudaOps final : public Ops {
   void print_profile() const {
     double total = 0;
     for (double ms : profile_ms_) total += ms;
-    std::string text = fmt::format("cuda profile: {} steps, {:.3f} ms of ops\n", profile_steps_, total);
+    std::string text =
+        fmt::format("cuda profile: {} steps, {:.3f} ms of ops\n", profile_steps_, total);
     for (int c = 0; c < kNumClasses; ++c) {
       if (!profile_calls_[c]) continue;
       text += fmt::format("  {:<12} {:>10.3f} ms {:>5.1f}% {:>8} calls\n", kOpClasses[c],

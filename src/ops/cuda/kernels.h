@@ -68,8 +68,8 @@ void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* 
 // Routed experts (ref::moe_experts), ids [n, k] on the device:
 // y [n * k, ff] = silu(x[r] @ Wg[e]^T) * (x[r] @ Wu[e]^T) for row r, choice j, e = ids[r * k + j].
 // Gate and up are 3D [in, ff, n_expert]; a fused gate_up tensor is passed as two views of it.
-void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, int k,
-                    const float* x, float* y, int64_t n, void* workspace, cudaStream_t stream);
+void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, int k, const float* x,
+                    float* y, int64_t n, void* workspace, cudaStream_t stream);
 // y [n, out] = sum_j weights[r * k + j] * (x[r * k + j] @ Wd[ids[r * k + j]]^T), x [n * k, ff].
 void experts_down(const Matrix& down, const int32_t* ids, const float* weights, int k,
                   const float* x, float* y, int64_t n, void* workspace, cudaStream_t stream);

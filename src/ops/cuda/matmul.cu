@@ -19,9 +19,9 @@
 // - Grid sizes depend only on shapes; expert ids, token ids and routing weights are read on the
 //   device, so every launcher is capturable into a CUDA graph.
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -607,7 +607,9 @@ __device__ __forceinline__ void stage_copy(uint8_t* dst, const uint8_t* src, int
       *reinterpret_cast<uint16_t*>(dst + b) = *reinterpret_cast<const uint16_t*>(src + b);
   }
 }
-__device__ __forceinline__ void stage_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void stage_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
 __device__ __forceinline__ void stage_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -777,8 +779,8 @@ __global__ void __launch_bounds__(kStageWarps * 32)
     return;
   }
   float acc[1] = {};
-  staged_row<T, 1, VEC>(down.data + e * down.expert_bytes + row * down.row_bytes,
-                        shift_rows(a, p), a.in, buf[warp], lane, acc);
+  staged_row<T, 1, VEC>(down.data + e * down.expert_bytes + row * down.row_bytes, shift_rows(a, p),
+                        a.in, buf[warp], lane, acc);
   warp_sum<1>(acc);
   if (lane == 0) y[p * down.out + row] = acc[0];
 }
@@ -936,8 +938,8 @@ bool staged_experts_down_pairs(const MatArg& d, const int32_t* ids, float* y, in
   });
 }
 
-bool staged_experts_down(const MatArg& d, const int32_t* ids, const float* weights, int k,
-                         float* y, int64_t n, const Acts& a, cudaStream_t stream) {
+bool staged_experts_down(const MatArg& d, const int32_t* ids, const float* weights, int k, float* y,
+                         int64_t n, const Acts& a, cudaStream_t stream) {
   if (staging_off()) return false;
   const int vec = staged_vec_of(d);
   const int64_t rows = n * d.out;
@@ -949,7 +951,6 @@ bool staged_experts_down(const MatArg& d, const int32_t* ids, const float* weigh
     QWENRT_CUDA_CHECK_LAUNCH();
   });
 }
-
 
 // Runs `launch(nr, n_chunks, row0)` over n rows: full passes of 8 rows in one launch, then the
 // n % 8 tail (row0 is where the tail's rows start).

@@ -581,7 +581,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-
 // ---- Plain greedy rows (no bias, no penalties, no top log-probabilities) ----
 // The general kernel gives a row one block, which reads 1 MB of logits at one SM's latency-bound
 // rate (~80 us at 248k). Plain greedy needs only the first maximum and log-sum-exp: many blocks
@@ -597,7 +596,8 @@ struct GreedyPart {
 };
 
 __global__ void __launch_bounds__(kGreedyThreads)
-    greedy_parts_kernel(const float* __restrict__ logits, int64_t n, GreedyPart* __restrict__ parts) {
+    greedy_parts_kernel(const float* __restrict__ logits, int64_t n,
+                        GreedyPart* __restrict__ parts) {
   __shared__ float s_max[kGreedyThreads / 32];
   __shared__ int32_t s_id[kGreedyThreads / 32];
   __shared__ float s_sum[kGreedyThreads / 32];
