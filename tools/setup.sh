@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libfmt-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libcpp-httplib-dev python3 python3-venv)
+          libfmt-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libcpp-httplib-dev
+          libcurl4-openssl-dev libssl-dev python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

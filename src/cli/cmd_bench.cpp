@@ -23,7 +23,7 @@ namespace qwenrt::cli {
 namespace {
 
 struct BenchOptions {
-  std::string model;
+  ModelOption model;
   std::vector<int64_t> prefill{512, 4096};
   int64_t depth = 0;  // decode after a prompt of this many tokens (llama-bench's -d)
   int64_t decode = 128;
@@ -215,7 +215,7 @@ Run add_bench(CLI::App& app) {
   auto opt = std::make_shared<BenchOptions>();
   auto* sub = app.add_subcommand(
       "bench", "Measure prefill, decode and aggregate decode speed (medians of repeats)");
-  sub->add_option("-m,--model", opt->model, "GGUF model (default: the embedded tiny model)");
+  add_model_option(sub, opt->model, "Model (default: the embedded tiny model)");
   add_backend_options(sub, opt->backend);
   sub->add_option("-p,--prefill", opt->prefill, "Prefill lengths (comma-separated)")
       ->delimiter(',');

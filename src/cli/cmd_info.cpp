@@ -1,19 +1,25 @@
-// `qwenrt info MODEL.gguf [--tensors] [--json]`: what a GGUF file holds.
+// `qwenrt info MODEL [--tensors] [--json]`: what a GGUF file holds, which checkpoint it is and the
+// defaults it runs with.
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <map>
 
 #include "cli/commands.h"
+#include "cli/model_option.h"
+#include "core/error.h"
+#include "gen/defaults.h"
 #include "gguf/file_type.h"
 #include "gguf/json.h"
 #include "gguf/reader.h"
+#include "model/identity.h"
+#include "tokenizer/tokenizer.h"
 
 namespace qwenrt::cli {
 namespace {
 
 struct InfoOptions {
-  std::string model;
+  ModelOption model;
   bool tensors = false;
   bool json = false;
 };
@@ -25,11 +31,64 @@ std::string human_bytes(uint64_t n) {
   return fmt::format("{} B", n);
 }
 
+gen::CheckpointDefaults defaults_of(const gguf::File& file) {
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  try {
+    tok = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(file));
+  } catch (const Error&) {
+    // Any GGUF can be inspected; one without a usable tokenizer just has no stop tokens.
+  }
+  const std::string arch = file.get_string("general.architecture").value_or("");
+  const auto mtp = file.get_uint(arch + ".nextn_predict_layers");
+  return gen::checkpoint_defaults(model::identify(file), tok.get(),
+                                  mtp ? static_cast<int>(*mtp) : 0);
+}
+
+std::string sampling_line(const sample::SamplingParams& p) {
+  return fmt::format("temperature {:g}, top_p {:g}, top_k {}, min_p {:g}", p.temperature, p.top_p,
+                     p.top_k, p.min_p);
+}
+
+void print_defaults(const gen::CheckpointDefaults& d, const hub::Resolved& source) {
+  if (d.identity.checkpoint == model::Checkpoint::kOther)
+    fmt::print("checkpoint:    none registered (runs as '{}')\n", d.identity.name);
+  else
+    fmt::print("checkpoint:    {}\n", d.identity.name);
+  if (!source.repo.empty())
+    fmt::print("source:        {} {} (revision {}, commit {})\n", source.repo, source.file,
+               source.revision, source.commit);
+  fmt::print("defaults:\n");
+  fmt::print("  chat dialect {}\n", chat::dialect_name(d.dialect));
+  fmt::print("  thinking     {}\n", sampling_line(d.thinking));
+  fmt::print("  no thinking  {}\n", sampling_line(d.non_thinking));
+  std::string stops;
+  for (const auto& [text, id] : d.stops)
+    stops += fmt::format("{}{} {}", stops.empty() ? "" : ", ", text, id);
+  fmt::print("  stop tokens  {}\n", stops.empty() ? "(no tokenizer)" : stops);
+  if (d.drafter.kind == gen::DrafterKind::kNone)
+    fmt::print("  drafter      none\n");
+  else if (d.drafter.in_file)
+    fmt::print("  drafter      {} ({} block{} in the file)\n",
+               gen::drafter_kind_name(d.drafter.kind), d.drafter.blocks,
+               d.drafter.blocks == 1 ? "" : "s");
+  else
+    fmt::print("  drafter      {} (sidecar {}*.gguf from the same repo, when drafting asks)\n",
+               gen::drafter_kind_name(d.drafter.kind), gen::drafter_kind_name(d.drafter.kind));
+}
+
 int run_info(const InfoOptions& opt) {
-  gguf::File file = gguf::File::open(opt.model).value();
+  const hub::Resolved source = resolve_model_ref(opt.model, true);
+  gguf::File file = gguf::File::open(source.path).value();
+  const gen::CheckpointDefaults defaults = defaults_of(file);
   if (opt.json) {
-    std::puts(
-        gguf::to_json(file).dump(1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    nlohmann::json j = gguf::to_json(file);
+    j["qwenrt"] = gen::to_json(defaults);
+    if (!source.repo.empty())
+      j["qwenrt"]["source"] = {{"repo", source.repo},
+                               {"file", source.file},
+                               {"revision", source.revision},
+                               {"commit", source.commit}};
+    std::puts(j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   const auto arch = file.get_string("general.architecture");
@@ -40,6 +99,7 @@ int run_info(const InfoOptions& opt) {
   fmt::print("architecture:  {}\n", arch.value_or("(missing general.architecture)"));
   fmt::print("name:          {}\n", name.value_or("(none)"));
   fmt::print("file type:     {}\n", file_type ? gguf::file_type_name(*file_type) : "(none)");
+  print_defaults(defaults, source);
 
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_type;  // name -> (count, bytes)
   uint64_t total = 0;
@@ -72,7 +132,9 @@ int run_info(const InfoOptions& opt) {
 Run add_info(CLI::App& app) {
   auto opt = std::make_shared<InfoOptions>();
   auto* sub = app.add_subcommand("info", "Show a GGUF file's architecture, metadata and tensors");
-  sub->add_option("model", opt->model, "GGUF file")->required();
+  sub->add_option("model", opt->model.model,
+                  "GGUF path, checkpoint name (Qwen3.6-27B[:QUANT]) or ORG/REPO[:FILE|:QUANT]");
+  sub->add_option("--hf", opt->model.hf, "A model on the Hugging Face hub (-hf works too)");
   sub->add_flag("--tensors", opt->tensors,
                 "Print the full tensor table (name, type, shape, offset)");
   sub->add_flag("--json", opt->json, "Print metadata and tensor table as JSON (arrays complete)");

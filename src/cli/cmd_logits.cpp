@@ -6,6 +6,7 @@
 
 #include "cli/backend_options.h"
 #include "cli/commands.h"
+#include "cli/model_option.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "io/npy.h"
@@ -15,7 +16,7 @@ namespace qwenrt::cli {
 namespace {
 
 struct LogitsOptions {
-  std::string model;
+  ModelOption model;
   std::string ids;
   std::string prompt;
   std::string out;
@@ -56,7 +57,8 @@ int run_logits(const LogitsOptions& opt) {
   } else if (opt.deltanet != "auto") {
     fail("--deltanet: expected auto, recurrent or chunked, got '{}'", opt.deltanet);
   }
-  auto engine = engine::Engine::load(opt.model, eo);
+  const std::string path = resolve_model(opt.model, true);
+  auto engine = engine::Engine::load(path, eo);
   std::vector<int32_t> ids;
   if (!opt.prompt.empty()) {
     // Control tokens in the text are parsed, so a rendered chat prompt tokenizes as the model saw
@@ -70,7 +72,7 @@ int run_logits(const LogitsOptions& opt) {
   if (static_cast<int64_t>(ids.size()) > engine->states().n_ctx()) {
     fail("{} tokens exceed the context of {}", ids.size(), engine->states().n_ctx());
   }
-  if (!opt.mtp_out.empty() && !engine->has_mtp()) fail("--mtp-out: {} has no MTP block", opt.model);
+  if (!opt.mtp_out.empty() && !engine->has_mtp()) fail("--mtp-out: {} has no MTP block", path);
   std::vector<float> all, hidden;
   all.reserve(ids.size() * n_vocab);
   if (opt.decode) {
@@ -114,7 +116,7 @@ Run add_logits(CLI::App& app) {
   auto opt = std::make_shared<LogitsOptions>();
   auto* sub = app.add_subcommand(
       "logits", "Write float32 logits [n_tokens, n_vocab] of every position to a .npy file");
-  sub->add_option("-m,--model", opt->model, "GGUF model")->required();
+  add_model_option(sub, opt->model, "Model");
   add_backend_options(sub, opt->backend);
   auto* ids = sub->add_option("--ids", opt->ids, "Comma-separated token ids");
   auto* prompt =

@@ -21,7 +21,7 @@ namespace qwenrt::cli {
 namespace {
 
 struct PerplexityOptions {
-  std::string model;
+  ModelOption model;
   std::string file;
   int64_t ctx = 512;
   std::string score = "half";
@@ -200,7 +200,7 @@ Run add_perplexity(CLI::App& app) {
   auto opt = std::make_shared<PerplexityOptions>();
   auto* sub = app.add_subcommand(
       "perplexity", "Perplexity of a text file; KL divergence against a saved base run");
-  sub->add_option("-m,--model", opt->model, "GGUF model (default: the embedded model)");
+  add_model_option(sub, opt->model, "Model (default: the embedded model)");
   add_backend_options(sub, opt->backend);
   sub->add_option("-f,--file", opt->file, "Text file (special tokens are not parsed)")->required();
   sub->add_option("--ctx", opt->ctx,

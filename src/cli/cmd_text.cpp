@@ -18,13 +18,13 @@ namespace qwenrt::cli {
 namespace {
 
 struct TokenizeOptions {
-  std::string model;
+  ModelOption model;
   bool special = false;
   std::string text;
 };
 
 struct TemplateOptions {
-  std::string model;
+  ModelOption model;
   std::string messages;
   std::string tools;
   bool no_think = false;
@@ -76,7 +76,7 @@ int run_template(const TemplateOptions& opt) {
 Run add_tokenize(CLI::App& app) {
   auto opt = std::make_shared<TokenizeOptions>();
   auto* sub = app.add_subcommand("tokenize", "Print the token ids of a text, separated by spaces");
-  sub->add_option("-m,--model", opt->model, "GGUF model (its tokenizer)");
+  add_model_option(sub, opt->model, "Model (its tokenizer)");
   sub->add_flag("--special", opt->special,
                 "Recognise control tokens such as <|im_end|> in the text");
   sub->add_option("text", opt->text, "Text to tokenize")->required();
@@ -87,7 +87,7 @@ Run add_template(CLI::App& app) {
   auto opt = std::make_shared<TemplateOptions>();
   auto* sub = app.add_subcommand("template",
                                  "Print a conversation rendered with the model's chat template");
-  sub->add_option("-m,--model", opt->model, "GGUF model (decides the dialect)");
+  add_model_option(sub, opt->model, "Model (decides the dialect)");
   sub->add_option("--messages", opt->messages, "JSON file: an array of messages")->required();
   sub->add_option("--tools", opt->tools, "JSON file: an array of tool definitions");
   sub->add_flag("--no-think", opt->no_think, "Generation prompt with thinking off");

@@ -19,5 +19,7 @@ Run add_template(CLI::App& app);
 Run add_synth(CLI::App& app);
 Run add_perplexity(CLI::App& app);
 Run add_bench(CLI::App& app);
+Run add_pull(CLI::App& app);
+Run add_ls(CLI::App& app);
 
 }  // namespace qwenrt::cli

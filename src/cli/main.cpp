@@ -1,11 +1,22 @@
 // The qwenrt binary: one subcommand per job. Errors end as one line on stderr and exit code 1.
 #include <cstdio>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  // llama.cpp spells the hub option `-hf`; CLI11 takes single-dash names of one letter only.
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> arg_ptrs;
+  for (auto& a : args) {
+    if (a == "-hf") a = "--hf";
+    if (a.rfind("-hf=", 0) == 0) a = "--hf=" + a.substr(4);
+    arg_ptrs.push_back(a.data());
+  }
+  argv = arg_ptrs.data();
   CLI::App app{"qwenrt: inference engine for the Qwen3.5 / 3.6 / 3.8 hybrid model family"};
   app.require_subcommand(1);
   std::map<CLI::App*, qwenrt::cli::Run> runs;
@@ -23,6 +34,8 @@ int main(int argc, char** argv) {
   add(&qwenrt::cli::add_synth);
   add(&qwenrt::cli::add_perplexity);
   add(&qwenrt::cli::add_bench);
+  add(&qwenrt::cli::add_pull);
+  add(&qwenrt::cli::add_ls);
 
   CLI11_PARSE(app, argc, argv);
   try {

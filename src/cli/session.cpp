@@ -14,7 +14,7 @@
 namespace qwenrt::cli {
 
 void add_turn_options(CLI::App* sub, TurnOptions& opt) {
-  sub->add_option("-m,--model", opt.model, "GGUF model (default: the embedded tiny chat model)");
+  add_model_option(sub, opt.model, "Model (default: the embedded tiny chat model)");
   sub->add_option("-s,--system", opt.system, "A system message");
   sub->add_flag("--no-think", opt.no_think, "Answer without thinking (empty think block)");
   sub->add_flag("--show-thinking", opt.show_thinking, "Print the reasoning (dimmed on a terminal)");
@@ -50,18 +50,6 @@ chat::Json start_messages(const TurnOptions& opt) {
   chat::Json messages = chat::Json::array();
   if (!opt.system.empty()) messages.push_back({{"role", "system"}, {"content", opt.system}});
   return messages;
-}
-
-std::string resolve_model(const std::string& model) {
-  if (!model.empty()) return model;
-  // The embedded default: models/ next to the binary's source tree or the working directory.
-  for (const std::string& dir : {std::string(QWENRT_MODELS_DIR), std::string("models")}) {
-    const std::string path = dir + "/qwen35-chat-tiny.Q8_0.gguf";
-    if (std::filesystem::exists(path)) return path;
-  }
-  fail(
-      "no model given (-m) and the embedded default model (models/qwen35-chat-tiny.Q8_0.gguf) "
-      "is not in this build");
 }
 
 // A progress bar on stderr while a large model's weights are read (only on a terminal, and only

@@ -11,6 +11,7 @@
 #include "chat/parse.h"
 #include "chat/render.h"
 #include "cli/backend_options.h"
+#include "cli/model_option.h"
 #include "engine/engine.h"
 #include "gen/generator.h"
 #include "sample/sampler.h"
@@ -20,7 +21,7 @@ namespace qwenrt::cli {
 
 // Options both commands take.
 struct TurnOptions {
-  std::string model;   // empty: the embedded default model
+  ModelOption model;   // neither -m nor --hf: the embedded default model
   std::string system;  // the system message; empty: none
   bool no_think = false;
   bool show_thinking = false;
@@ -43,9 +44,6 @@ void require_utf8(std::string_view text, std::string_view what);
 // The history a conversation starts from: the system message, if there is one (Error unless it
 // is valid UTF-8).
 chat::Json start_messages(const TurnOptions& opt);
-
-// The model path: -m if given, else the embedded default model; Error when neither exists.
-std::string resolve_model(const std::string& model);
 
 class Session {
  public:

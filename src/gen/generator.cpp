@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "gen/defaults.h"
 
 namespace qwenrt::gen {
 namespace {
@@ -45,9 +46,7 @@ const char* finish_reason_name(FinishReason reason) {
 
 Generator::Generator(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer)
     : engine_(engine), tokenizer_(tokenizer) {
-  for (const char* text : {"<|im_end|>", "<|endoftext|>"}) {
-    if (auto id = tokenizer.token_id(text)) stop_ids_.push_back(*id);
-  }
+  for (const auto& stop : stop_tokens(tokenizer)) stop_ids_.push_back(stop.second);
   if (stop_ids_.empty())
     fail("tokenizer has neither <|im_end|> nor <|endoftext|>: generation could not stop");
   think_end_ = tokenizer.token_id("</think>");

@@ -3,6 +3,7 @@
 #include <array>
 #include <cctype>
 #include <utility>
+#include <vector>
 
 #include "core/log.h"
 
@@ -41,11 +42,13 @@ bool contains_name(const std::string& text, const std::string& name) {
   return false;
 }
 
-std::optional<Checkpoint> match(const std::string& text) {
+// Every registered checkpoint whose full name is in `text`.
+std::vector<Checkpoint> matches(const std::string& text) {
+  std::vector<Checkpoint> found;
   for (const auto& [checkpoint, name] : kRegistry) {
-    if (contains_name(text, name)) return checkpoint;
+    if (contains_name(text, name)) found.push_back(checkpoint);
   }
-  return std::nullopt;
+  return found;
 }
 
 }  // namespace
@@ -58,10 +61,18 @@ const char* checkpoint_name(Checkpoint checkpoint) {
 }
 
 Identity identify_name(const std::string& general_name, const std::string& file_name) {
-  for (const std::string* text : {&general_name, &file_name}) {
-    if (auto c = match(*text)) return {*c, checkpoint_name(*c)};
-  }
   std::string own = general_name.empty() ? file_name : general_name;
+  for (const std::string* text : {&general_name, &file_name}) {
+    const auto found = matches(*text);
+    if (found.size() == 1) return {found[0], checkpoint_name(found[0])};
+    // Two names in one (a merge, a comparison): the evidence contradicts itself, so neither
+    // checkpoint's defaults are safe to assume.
+    if (found.size() > 1) {
+      log(LogLevel::kInfo, "model '{}' names both {} and {}; running it under its own name", *text,
+          checkpoint_name(found[0]), checkpoint_name(found[1]));
+      return {Checkpoint::kOther, own};
+    }
+  }
   log(LogLevel::kInfo, "model '{}' is not a registered checkpoint; running it under its own name",
       own);
   return {Checkpoint::kOther, own};
