@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <system_error>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -176,7 +177,7 @@ std::vector<std::string> RepoCache::snapshot_files(const std::string& commit) co
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     std::error_code ec2;
     if (fs::is_regular_file(it->path(), ec2))
-      files.push_back(fs::relative(it->path(), base, ec2).generic_string());
+      files.push_back(it->path().lexically_relative(base).generic_string());
   }
   std::sort(files.begin(), files.end());
   return files;
@@ -227,7 +228,7 @@ CacheListing list_cache(const std::string& cache) {
            !ec2 && it != fs::recursive_directory_iterator(); it.increment(ec2)) {
         if (!it->is_regular_file()) continue;
         if (auto text = read_whole(it->path().string()))
-          refs.emplace_back(fs::relative(it->path(), refs_dir).generic_string(), strip(*text));
+          refs.emplace_back(it->path().lexically_relative(refs_dir).generic_string(), strip(*text));
       }
     }
     const fs::path snapshots = entry.path() / "snapshots";
@@ -241,7 +242,7 @@ CacheListing list_cache(const std::string& cache) {
           if (p.extension() != ".gguf" || !fs::is_regular_file(p, ec3)) continue;
           CachedFile f;
           f.repo = repo;
-          f.file = fs::relative(p, snap.path(), ec3).generic_string();
+          f.file = p.lexically_relative(snap.path()).generic_string();
           f.commit = commit;
           f.path = p.string();
           f.size = fs::file_size(p, ec3);

@@ -291,6 +291,18 @@ std::string sha256_file(const std::string& path) {
 
 void download(const DownloadSpec& spec, const DownloadOptions& options) {
   const std::string& path = spec.incomplete_path;
+  std::error_code ec;
+  const uint64_t already = fs::is_regular_file(path, ec) ? fs::file_size(path, ec) : 0;
+  // Room for the rest, before a byte is fetched.
+  struct statvfs vfs;
+  const std::string folder = fs::path(path).parent_path().string();
+  if (statvfs(folder.c_str(), &vfs) == 0) {
+    const uint64_t free_bytes = uint64_t(vfs.f_bavail) * vfs.f_frsize;
+    if (free_bytes + already < spec.size)
+      fail("{}: not enough disk space: {} more needed, {} free in {}", spec.label,
+           human(spec.size - std::min(already, spec.size)), human(free_bytes), folder);
+  }
+
   std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "ab+"), &std::fclose);
   if (!file) fail("{}: cannot open for writing: {}", path, std::strerror(errno));
   // Unbuffered: a write error (a full disk) shows at the write that hit it, not at a later flush.
@@ -301,8 +313,7 @@ void download(const DownloadSpec& spec, const DownloadOptions& options) {
   std::optional<Digest> sha1;
   if (!spec.git_sha1.empty()) sha1.emplace(EVP_sha1());
   start_digests(sha256, sha1 ? &*sha1 : nullptr, spec.size);
-  std::error_code ec;
-  uint64_t have = fs::is_regular_file(path, ec) ? fs::file_size(path, ec) : 0;
+  uint64_t have = already;
   if (have > spec.size) {
     if (ftruncate(fileno(file.get()), 0) != 0) fail("{}: cannot truncate", path);
     have = 0;
@@ -319,16 +330,6 @@ void download(const DownloadSpec& spec, const DownloadOptions& options) {
     }
   }
   std::fseek(file.get(), 0, SEEK_END);
-
-  // Room for the rest, before a byte is fetched.
-  struct statvfs vfs;
-  const std::string folder = fs::path(path).parent_path().string();
-  if (statvfs(folder.c_str(), &vfs) == 0) {
-    const uint64_t free_bytes = uint64_t(vfs.f_bavail) * vfs.f_frsize;
-    if (free_bytes < spec.size - have)
-      fail("{}: not enough disk space: {} more needed, {} free in {}", spec.label,
-           human(spec.size - have), human(free_bytes), folder);
-  }
 
   const uint64_t resumed = have;
   const auto start = Clock::now();

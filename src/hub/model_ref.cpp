@@ -162,11 +162,18 @@ ModelRef parse_model_ref(const std::string& text, bool hub_only) {
   ModelRef ref;
   ref.asked = text;
   if (text.empty()) fail("empty model name");
-  std::error_code ec;
+  const size_t colon = text.find(':');
+  const std::string name = text.substr(0, colon);
+  const std::string tail = colon == std::string::npos ? "" : text.substr(colon + 1);
   if (!hub_only) {
+    // An existing file wins; so does anything spelled like a path that cannot be a hub name.
+    std::error_code ec;
     const bool exists = std::filesystem::exists(text, ec);
-    if (exists || ends_with_ci(text, ".gguf") || text.front() == '.' || text.front() == '/' ||
-        text.front() == '~') {
+    const bool hub_like =
+        official_repo(name) != nullptr ||
+        (std::count(name.begin(), name.end(), '/') == 1 && !ends_with_ci(name, ".gguf"));
+    if (exists || text.front() == '.' || text.front() == '/' || text.front() == '~' ||
+        (!hub_like && ends_with_ci(text, ".gguf"))) {
       if (!exists) fail("{}: no such file", text);
       if (file_role(text) == FileRole::kMmproj)
         fail("{}: an mmproj file is a vision projector; qwenrt runs text models only", text);
@@ -175,9 +182,6 @@ ModelRef parse_model_ref(const std::string& text, bool hub_only) {
       return ref;
     }
   }
-  const size_t colon = text.find(':');
-  const std::string name = text.substr(0, colon);
-  const std::string tail = colon == std::string::npos ? "" : text.substr(colon + 1);
   if (colon != std::string::npos && tail.empty()) fail("{}: nothing after ':'", text);
 
   if (const OfficialRepo* official = official_repo(name)) {

@@ -20,10 +20,11 @@ struct Output {
   std::string err;
 };
 
-inline Output run_qwenrt(const std::string& args) {
+// `env` is prepended to the command line as shell assignments ("A=1 B=2 ").
+inline Output run_qwenrt_env(const std::string& env, const std::string& args) {
   static int calls = 0;
   const std::string err_path = temp_path("stderr." + std::to_string(calls++) + ".txt");
-  const std::string cmd = std::string(QWENRT_BINARY) + " " + args + " 2>" + err_path;
+  const std::string cmd = env + " " + std::string(QWENRT_BINARY) + " " + args + " 2>" + err_path;
   Output o;
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -34,6 +35,10 @@ inline Output run_qwenrt(const std::string& args) {
   std::ifstream in(err_path);
   o.err.assign(std::istreambuf_iterator<char>(in), {});
   return o;
+}
+
+inline Output run_qwenrt(const std::string& args) {
+  return run_qwenrt_env("", args);
 }
 
 }  // namespace qwenrt::testing_support

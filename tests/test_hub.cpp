@@ -1,0 +1,634 @@
+// Model resolution (src/hub) against a fake hub on 127.0.0.1 (tests/python/fake_hub.py): names and
+// repos, the Hugging Face cache layout and its environment, downloads with redirects, resume and
+// verification, offline mode, and the errors a person sees.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "gguf/reader.h"
+#include "hub/cache.h"
+#include "hub/model_ref.h"
+#include "hub/progress.h"
+#include "hub/resolve.h"
+#include "model/identity.h"
+#include "support/fake_hub.h"
+#include "support/model_files.h"
+#include "support/run_binary.h"
+
+namespace qwenrt {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing_support::FakeHub;
+
+const std::string kCommit = "0123456789abcdef0123456789abcdef01234567";
+const std::string kCommit2 = "fedcba9876543210fedcba9876543210fedcba98";
+const std::string kTinyModel =
+    std::string(QWENRT_SOURCE_DIR) + "/models/qwen35-chat-tiny.Q8_0.gguf";
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+hub::Env env_of(std::map<std::string, std::string> vars) {
+  return [vars](std::string_view name) -> std::optional<std::string> {
+    auto it = vars.find(std::string(name));
+    if (it == vars.end() || it->second.empty()) return std::nullopt;
+    return it->second;
+  };
+}
+
+// The tiny trained model renamed as an official checkpoint (general.name), 6 MB.
+const std::string& official_file() {
+  static const std::string path = [] {
+    const std::string out = testing_support::temp_path("Qwen3.6-27B-as-served.gguf");
+    testing_support::rewrite(kTinyModel, out, [](auto& kv, auto&, auto&) {
+      for (auto& [key, value] : kv) {
+        if (key == "general.name") value = gguf::Value::str("Qwen3.6-27B");
+      }
+    });
+    return out;
+  }();
+  return path;
+}
+
+json lfs(const std::string& path) {
+  return {{"path", path}, {"lfs", true}};
+}
+
+// One official repo and one community repo with several quants, a projector and a drafter.
+json hub_config() {
+  return {{"token", "hf_secret"},
+          {"repos",
+           {{"ggml-org/Qwen3.6-27B-GGUF",
+             {{"commit", kCommit},
+              {"files",
+               {{"Qwen3.6-27B-Q4_K_M.gguf", lfs(official_file())},
+                {"Qwen3.6-27B-Q8_0.gguf", lfs(kTinyModel)},
+                {"README.md", {{"text", "# Qwen3.6-27B GGUF\n"}}}}}}},
+            {"someone/Tiny-GGUF",
+             {{"commit", kCommit2},
+              {"files",
+               {{"Tiny-Q8_0.gguf", lfs(kTinyModel)},
+                {"Tiny-UD-Q8_0.gguf", lfs(kTinyModel)},
+                {"Tiny-Q4_K_M-00001-of-00002.gguf", lfs(kTinyModel)},
+                {"mmproj-Tiny-F16.gguf", lfs(kTinyModel)},
+                {"mtp-Tiny-Q8_0.gguf", lfs(official_file())},
+                {"plain.gguf", {{"path", kTinyModel}}}}}}},
+            {"someone/Private-GGUF",
+             {{"commit", kCommit2}, {"private", true}, {"files", {{"p.gguf", lfs(kTinyModel)}}}}},
+            {"someone/Gated-GGUF",
+             {{"commit", kCommit2}, {"gated", true}, {"files", {{"g.gguf", lfs(kTinyModel)}}}}},
+            {"someone/Broken-GGUF",
+             {{"commit", kCommit2}, {"status", 500}, {"files", {{"b.gguf", lfs(kTinyModel)}}}}}}}};
+}
+
+class HubTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { hub_ = new FakeHub(hub_config()); }
+  static void TearDownTestSuite() {
+    delete hub_;
+    hub_ = nullptr;
+  }
+  void SetUp() override {
+    static int n = 0;
+    cache_ = testing_support::temp_path("hf-cache-" + std::to_string(n++));
+    fs::remove_all(cache_);
+    hub_->set_config(hub_config());
+    hub_->clear_log();
+  }
+
+  hub::HubOptions options() const {
+    hub::HubOptions o;
+    o.cache_dir = cache_;
+    o.endpoint = hub_->endpoint();
+    o.retries = 0;
+    o.retry_delay_s = 0;
+    o.connect_timeout_s = 5;
+    return o;
+  }
+  hub::Resolved resolve(const std::string& text, const hub::HubOptions& o) const {
+    return hub::resolve(hub::parse_model_ref(text, true), o);
+  }
+  std::vector<json> requests(const std::string& server, const std::string& method = "") const {
+    std::vector<json> out;
+    for (const auto& r : hub_->requests()) {
+      if (r["server"] == server && (method.empty() || r["method"] == method)) out.push_back(r);
+    }
+    return out;
+  }
+  std::string repo_dir(const std::string& repo) const {
+    return cache_ + "/models--" + repo.substr(0, repo.find('/')) + "--" +
+           repo.substr(repo.find('/') + 1);
+  }
+  std::string sha256_of(const std::string& path) const {
+    // Independent of our digest code: the system's sha256sum.
+    FILE* p = popen(("sha256sum '" + path + "'").c_str(), "r");
+    char buf[256] = {0};
+    const size_t n = fread(buf, 1, sizeof buf - 1, p);
+    pclose(p);
+    return std::string(buf, n).substr(0, 64);
+  }
+
+  static FakeHub* hub_;
+  std::string cache_;
+};
+FakeHub* HubTest::hub_ = nullptr;
+
+// ---- the environment ------------------------------------------------------------------------
+
+TEST(HubEnv, CacheDirFollowsHuggingFaceHubOrder) {
+  std::map<std::string, std::string> vars = {
+      {"HF_HUB_CACHE", "/a"}, {"HF_HOME", "/b"}, {"XDG_CACHE_HOME", "/c"}, {"HOME", "/d"}};
+  EXPECT_EQ(hub::cache_dir(env_of(vars)), "/a");
+  vars.erase("HF_HUB_CACHE");
+  EXPECT_EQ(hub::cache_dir(env_of(vars)), "/b/hub");
+  vars.erase("HF_HOME");
+  EXPECT_EQ(hub::cache_dir(env_of(vars)), "/c/huggingface/hub");
+  vars.erase("XDG_CACHE_HOME");
+  EXPECT_EQ(hub::cache_dir(env_of(vars)), "/d/.cache/huggingface/hub");
+  vars["HF_HOME"] = "";  // set but empty counts as unset
+  EXPECT_EQ(hub::cache_dir(env_of(vars)), "/d/.cache/huggingface/hub");
+  EXPECT_THROW(hub::cache_dir(env_of({})), Error);
+}
+
+TEST(HubEnv, TokenFromVariableThenTokenFile) {
+  const std::string home = testing_support::temp_path("hf-home");
+  fs::create_directories(home);
+  std::ofstream(home + "/token") << "hf_fromfile\n";
+  EXPECT_EQ(hub::access_token(env_of({{"HF_TOKEN", "hf_var"}, {"HF_HOME", home}})), "hf_var");
+  EXPECT_EQ(hub::access_token(env_of({{"HF_HOME", home}})), "hf_fromfile");
+  const std::string other = home + "/other-token";
+  std::ofstream(other) << "  hf_other \n";
+  EXPECT_EQ(hub::access_token(env_of({{"HF_HOME", home}, {"HF_TOKEN_PATH", other}})), "hf_other");
+  // The default token file sits in ~/.cache/huggingface when HF_HOME is unset.
+  const std::string xdg = testing_support::temp_path("xdg");
+  fs::create_directories(xdg + "/huggingface");
+  std::ofstream(xdg + "/huggingface/token") << "hf_xdg";
+  EXPECT_EQ(hub::access_token(env_of({{"XDG_CACHE_HOME", xdg}})), "hf_xdg");
+  EXPECT_EQ(hub::access_token(env_of({{"HOME", "/nonexistent"}})), std::nullopt);
+}
+
+TEST(HubEnv, OptionsFromEnvironment) {
+  auto o = hub::hub_options(env_of({{"HOME", "/h"},
+                                    {"HF_ENDPOINT", "http://hf.example/"},
+                                    {"HF_HUB_OFFLINE", "1"},
+                                    {"HF_TOKEN", "t"}}));
+  EXPECT_EQ(o.endpoint, "http://hf.example");
+  EXPECT_TRUE(o.offline);
+  EXPECT_EQ(o.token, "t");
+  o = hub::hub_options(env_of({{"HOME", "/h"},
+                               {"HF_ENDPOINT", "http://hf.example"},
+                               {"QWENRT_HF_ENDPOINT", "http://ours.example"},
+                               {"HF_HUB_OFFLINE", "0"}}));
+  EXPECT_EQ(o.endpoint, "http://ours.example");
+  EXPECT_FALSE(o.offline);
+  EXPECT_EQ(hub::hub_options(env_of({{"HOME", "/h"}})).endpoint, "https://huggingface.co");
+  EXPECT_TRUE(hub::hub_options(env_of({{"HOME", "/h"}, {"HF_HUB_OFFLINE", "true"}})).offline);
+}
+
+// ---- names ----------------------------------------------------------------------------------
+
+TEST(HubNames, OfficialNamesMapToGgmlOrgRepos) {
+  auto r = hub::parse_model_ref("Qwen3.6-35B-A3B", false);
+  EXPECT_FALSE(r.is_path);
+  EXPECT_EQ(r.repo, "ggml-org/Qwen3.6-35B-A3B-GGUF");
+  EXPECT_EQ(r.file, "Qwen3.6-35B-A3B-Q4_K_M.gguf");
+  EXPECT_EQ(r.official, model::Checkpoint::kQwen36_35B_A3B);
+  r = hub::parse_model_ref("Qwen3.8-27B:q8_0", true);
+  EXPECT_EQ(r.repo, "ggml-org/Qwen3.8-27B-GGUF");
+  EXPECT_EQ(r.file, "Qwen3.8-27B-Q8_0.gguf");
+  EXPECT_EQ(hub::official_repos().size(), 3u);
+}
+
+TEST(HubNames, ReposFilesQuantsAndPaths) {
+  auto r = hub::parse_model_ref("unsloth/Qwen3.6-27B-GGUF:Qwen3.6-27B-Q6_K.gguf", false);
+  EXPECT_EQ(r.repo, "unsloth/Qwen3.6-27B-GGUF");
+  EXPECT_EQ(r.file, "Qwen3.6-27B-Q6_K.gguf");
+  r = hub::parse_model_ref("unsloth/Qwen3.6-27B-GGUF:iq4_xs", false);
+  EXPECT_TRUE(r.file.empty());
+  EXPECT_EQ(r.quant, "IQ4_XS");
+  EXPECT_EQ(hub::parse_model_ref("unsloth/Qwen3.6-27B-GGUF", true).quant, "Q4_K_M");
+  r = hub::parse_model_ref(kTinyModel, false);
+  EXPECT_TRUE(r.is_path);
+  EXPECT_EQ(r.path, kTinyModel);
+}
+
+TEST(HubNames, BadNamesGiveOneLineErrors) {
+  auto message = [](const std::string& text, bool hub_only) {
+    try {
+      hub::parse_model_ref(text, hub_only);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("qwen3.6-27b", false).find("did you mean Qwen3.6-27B"), std::string::npos);
+  EXPECT_NE(message("Qwen3.7-27B", false).find("not a checkpoint name"), std::string::npos);
+  EXPECT_NE(message("missing.gguf", false).find("missing.gguf: no such file"), std::string::npos);
+  EXPECT_NE(message("a/b/c", true).find("not a Hugging Face repo id"), std::string::npos);
+  EXPECT_NE(message("a--b/c", true).find("not a Hugging Face repo id"), std::string::npos);
+  EXPECT_NE(message("org/repo:../x.gguf", true).find("not a file path inside a repo"),
+            std::string::npos);
+  EXPECT_NE(message("org/repo:mmproj-F16.gguf", true).find("vision projector"), std::string::npos);
+  EXPECT_NE(message("Qwen3.6-27B:", true).find("nothing after ':'"), std::string::npos);
+  for (const auto& text : {"qwen3.6-27b", "Qwen3.7-27B", "missing.gguf", "a/b/c"})
+    EXPECT_EQ(message(text, false).find('\n'), std::string::npos) << text;
+}
+
+TEST(HubNames, QuantChoosesOneTrunkFile) {
+  const std::vector<std::string> files = {"README.md",
+                                          "X-Q4_K_M.gguf",
+                                          "X-UD-Q4_K_M.gguf",
+                                          "mmproj-X-Q4_K_M.gguf",
+                                          "mtp-X-Q4_K_M.gguf",
+                                          "X-Q8_0.gguf",
+                                          "big/X-Q6_K-00001-of-00002.gguf",
+                                          "big/X-Q6_K-00002-of-00002.gguf",
+                                          "X-Q4_K_M_L.gguf"};
+  EXPECT_EQ(hub::choose_quant_file("o/X", files, "Q4_K_M"), "X-Q4_K_M.gguf");
+  EXPECT_EQ(hub::choose_quant_file("o/X", files, "q8_0"), "X-Q8_0.gguf");
+  EXPECT_THROW(hub::choose_quant_file("o/X", files, "Q6_K"), Error);  // split files only
+  try {
+    hub::choose_quant_file("o/X", files, "Q2_K");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no Q2_K GGUF"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Q8_0"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(hub::choose_quant_file("o/X", {"a-Q8_0.gguf", "b-Q8_0.gguf"}, "Q8_0"), Error);
+  EXPECT_EQ(hub::choose_sidecar_file("o/X", files, hub::SidecarKind::kMtp, "Q4_K_M"),
+            "mtp-X-Q4_K_M.gguf");
+  EXPECT_EQ(hub::choose_sidecar_file("o/X", files, hub::SidecarKind::kDflash, "Q4_K_M"),
+            std::nullopt);
+  EXPECT_EQ(hub::quant_of("Qwen3.6-35B-A3B-UD-Q4_K_XL.gguf"), "Q4_K_XL");
+  EXPECT_EQ(hub::quant_of("model.gguf"), "");
+}
+
+TEST(Identity, NameOfTwoCheckpointsIsNeither) {
+  using model::Checkpoint;
+  EXPECT_EQ(model::identify_name("Qwen3.6-27B x Qwen3.8-27B merge", "").checkpoint,
+            Checkpoint::kOther);
+  EXPECT_EQ(model::identify_name("Qwen3.6-35B-A3B-vs-Qwen3.6-27B", "a.gguf").checkpoint,
+            Checkpoint::kOther);
+  // An ambiguous general.name is not rescued by the file name.
+  EXPECT_EQ(model::identify_name("Qwen3.6-27B + Qwen3.8-27B", "Qwen3.8-27B-Q4_K_M.gguf").checkpoint,
+            Checkpoint::kOther);
+  EXPECT_EQ(model::identify_name("Qwen3.6-27B + Qwen3.8-27B", "").name,
+            "Qwen3.6-27B + Qwen3.8-27B");
+  EXPECT_EQ(model::identify_name("Qwen3.8-27B", "").checkpoint, Checkpoint::kQwen38_27B);
+}
+
+TEST(HubProgress, LineShowsPercentBytesSpeedAndTimeLeft) {
+  const std::string line = hub::format_progress({.label = "ggml-org/X:X-Q4_K_M.gguf",
+                                                 .done = 600'000'000,
+                                                 .total = 1'000'000'000,
+                                                 .resumed = 100'000'000,
+                                                 .seconds = 5.0},
+                                                10);
+  // 500 MB in 5 s = 100 MB/s; 400 MB left = 4 s.
+  EXPECT_EQ(line, "X-Q4_K_M.gguf [######....]  60% 0.60/1.00 GB 100.0 MB/s ETA 4s");
+  const std::string done = hub::format_progress(
+      {.label = "f.gguf", .done = 10, .total = 10, .seconds = 125, .finished = true}, 4);
+  EXPECT_NE(done.find("100%"), std::string::npos);
+  EXPECT_NE(done.find("in 2m05s"), std::string::npos);
+}
+
+// ---- the cache by hand: what huggingface_hub leaves, read by its rules --------------------
+
+TEST_F(HubTest, RefWithTrailingNewlineIsStrippedAndNotDownloadedAgain) {
+  const std::string dir = repo_dir("ggml-org/Qwen3.6-27B-GGUF");
+  const std::string etag = sha256_of(official_file());
+  fs::create_directories(dir + "/blobs");
+  fs::create_directories(dir + "/snapshots/" + kCommit);
+  fs::create_directories(dir + "/refs");
+  fs::copy_file(official_file(), dir + "/blobs/" + etag);
+  fs::create_symlink("../../blobs/" + etag,
+                     dir + "/snapshots/" + kCommit + "/Qwen3.6-27B-Q4_K_M.gguf");
+  std::ofstream(dir + "/refs/main") << kCommit << "\n";
+
+  auto o = options();
+  o.offline = true;
+  const auto offline = resolve("Qwen3.6-27B", o);
+  EXPECT_EQ(offline.path, dir + "/snapshots/" + kCommit + "/Qwen3.6-27B-Q4_K_M.gguf");
+  EXPECT_EQ(offline.commit, kCommit);
+  EXPECT_TRUE(hub_->requests().empty());
+
+  const auto online = resolve("Qwen3.6-27B", options());
+  EXPECT_EQ(online.path, offline.path);
+  EXPECT_FALSE(online.downloaded);
+  EXPECT_EQ(requests("hub", "HEAD").size(), 1u);
+  EXPECT_TRUE(requests("hub", "GET").empty());
+  EXPECT_TRUE(requests("cdn").empty());
+}
+
+TEST_F(HubTest, OfflineWithNothingCachedTouchesNoNetwork) {
+  auto o = options();
+  o.offline = true;
+  try {
+    resolve("Qwen3.6-27B:Q8_0", o);
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("Qwen3.6-27B:Q8_0"), std::string::npos) << m;
+    EXPECT_NE(m.find("HF_HUB_OFFLINE"), std::string::npos) << m;
+    EXPECT_NE(m.find(cache_), std::string::npos) << m;
+  }
+  EXPECT_THROW(resolve("someone/Tiny-GGUF:Q8_0", o), Error);  // listing from the cache only
+  EXPECT_TRUE(hub_->requests().empty());
+}
+
+// ---- downloads ------------------------------------------------------------------------------
+
+TEST_F(HubTest, DownloadsIntoTheHuggingFaceLayout) {
+  const auto r = resolve("Qwen3.6-27B", options());
+  EXPECT_TRUE(r.downloaded);
+  EXPECT_EQ(r.commit, kCommit);
+  const std::string dir = repo_dir("ggml-org/Qwen3.6-27B-GGUF");
+  const std::string etag = sha256_of(official_file());
+  EXPECT_EQ(r.path, dir + "/snapshots/" + kCommit + "/Qwen3.6-27B-Q4_K_M.gguf");
+  ASSERT_TRUE(fs::is_symlink(r.path));
+  EXPECT_EQ(fs::read_symlink(r.path).string(), "../../blobs/" + etag);
+  EXPECT_EQ(read_all(dir + "/blobs/" + etag), read_all(official_file()));
+  EXPECT_EQ(read_all(dir + "/refs/main"), kCommit);  // no newline, as huggingface_hub writes it
+  EXPECT_FALSE(fs::exists(dir + "/blobs/" + etag + ".incomplete"));
+  // The file opens and identifies as what it was asked for.
+  const auto file = gguf::File::open(r.path).value();
+  EXPECT_EQ(model::identify(file).checkpoint, model::Checkpoint::kQwen36_27B);
+  // The hub redirected; the CDN served the bytes, without our token.
+  EXPECT_EQ(requests("cdn", "GET").size(), 1u);
+
+  hub_->clear_log();
+  const auto again = resolve("Qwen3.6-27B:Q4_K_M", options());
+  EXPECT_FALSE(again.downloaded);
+  EXPECT_EQ(again.path, r.path);
+  EXPECT_TRUE(requests("cdn").empty());
+}
+
+TEST_F(HubTest, SameBlobInAnotherFileIsLinkedNotFetched) {
+  resolve("Qwen3.6-27B:Q8_0", options());
+  hub_->clear_log();
+  const auto r = resolve("someone/Tiny-GGUF:Q8_0", options());  // the same bytes, another repo
+  EXPECT_TRUE(r.downloaded);                                    // another repo folder: its own blob
+  EXPECT_EQ(r.file, "Tiny-Q8_0.gguf");
+  hub_->clear_log();
+  const auto ud = resolve("someone/Tiny-GGUF:Tiny-UD-Q8_0.gguf", options());
+  EXPECT_FALSE(ud.downloaded);  // same etag in the same repo: linked to the blob already there
+  EXPECT_TRUE(requests("cdn").empty());
+  EXPECT_EQ(fs::read_symlink(ud.path), fs::read_symlink(r.path));
+}
+
+TEST_F(HubTest, TokenGoesToTheHubNotToTheCdn) {
+  auto o = options();
+  EXPECT_THROW(resolve("someone/Private-GGUF:p.gguf", o), Error);
+  o.token = "hf_secret";
+  hub_->clear_log();
+  const auto r = resolve("someone/Private-GGUF:p.gguf", o);
+  EXPECT_EQ(read_all(r.path), read_all(kTinyModel));
+  const auto head = requests("hub", "HEAD");
+  ASSERT_EQ(head.size(), 1u);
+  EXPECT_EQ(head[0]["authorization"], "Bearer hf_secret");
+  const auto cdn = requests("cdn", "GET");
+  ASSERT_EQ(cdn.size(), 1u);
+  EXPECT_TRUE(cdn[0]["authorization"].is_null()) << cdn[0].dump();
+}
+
+TEST_F(HubTest, ResumesAfterACutConnection) {
+  auto config = hub_config();
+  config["cut_after"] = 1 << 20;
+  config["cut_count"] = 1;
+  hub_->set_config(config);
+  const std::string etag = sha256_of(kTinyModel);
+  const std::string blobs = repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/blobs/";
+  try {
+    resolve("Qwen3.6-27B:Q8_0", options());
+    FAIL() << "a cut connection without retries must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run again to resume"), std::string::npos) << e.what();
+  }
+  // Nothing that looks complete: a partial blob, no blob, no snapshot file.
+  EXPECT_EQ(fs::file_size(blobs + etag + ".incomplete"), 1u << 20);
+  EXPECT_FALSE(fs::exists(blobs + etag));
+  EXPECT_FALSE(fs::exists(repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/snapshots/" + kCommit +
+                          "/Qwen3.6-27B-Q8_0.gguf"));
+
+  hub_->clear_log();
+  const auto r = resolve("Qwen3.6-27B:Q8_0", options());
+  EXPECT_TRUE(r.downloaded);
+  EXPECT_EQ(read_all(r.path), read_all(kTinyModel));
+  const auto cdn = requests("cdn", "GET");
+  ASSERT_EQ(cdn.size(), 1u);
+  EXPECT_EQ(cdn[0]["range"], "bytes=1048576-");
+  EXPECT_FALSE(fs::exists(blobs + etag + ".incomplete"));
+}
+
+TEST_F(HubTest, RetriesACutConnectionWithinOneRun) {
+  auto config = hub_config();
+  config["cut_after"] = 300000;
+  config["cut_count"] = 2;
+  hub_->set_config(config);
+  auto o = options();
+  o.retries = 2;
+  const auto r = resolve("Qwen3.6-27B:Q8_0", o);
+  EXPECT_EQ(read_all(r.path), read_all(kTinyModel));
+  const auto cdn = requests("cdn", "GET");
+  ASSERT_EQ(cdn.size(), 3u);
+  EXPECT_TRUE(cdn[0]["range"].is_null());
+  EXPECT_EQ(cdn[1]["range"], "bytes=300000-");
+  EXPECT_EQ(cdn[2]["range"], "bytes=600000-");
+}
+
+TEST_F(HubTest, AServerIgnoringRangeStartsTheFileAgain) {
+  auto config = hub_config();
+  config["ignore_range"] = true;
+  hub_->set_config(config);
+  const std::string blobs = repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/blobs/";
+  fs::create_directories(blobs);
+  std::ofstream(blobs + sha256_of(kTinyModel) + ".incomplete") << std::string(5000, 'x');
+  const auto r = resolve("Qwen3.6-27B:Q8_0", options());
+  EXPECT_EQ(read_all(r.path), read_all(kTinyModel));
+  EXPECT_EQ(requests("cdn", "GET").at(0)["range"], "bytes=5000-");
+}
+
+TEST_F(HubTest, CorruptDownloadIsRejectedAndRemoved) {
+  auto config = hub_config();
+  config["corrupt"] = true;
+  hub_->set_config(config);
+  const std::string dir = repo_dir("ggml-org/Qwen3.6-27B-GGUF");
+  const std::string etag = sha256_of(kTinyModel);
+  try {
+    resolve("Qwen3.6-27B:Q8_0", options());
+    FAIL() << "a corrupt download must fail";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("sha256"), std::string::npos) << m;
+    EXPECT_NE(m.find(etag), std::string::npos) << m;
+    EXPECT_NE(m.find("Qwen3.6-27B:Q8_0"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/blobs/" + etag));
+  EXPECT_FALSE(fs::exists(dir + "/blobs/" + etag + ".incomplete"));
+  EXPECT_FALSE(fs::exists(dir + "/snapshots/" + kCommit + "/Qwen3.6-27B-Q8_0.gguf"));
+}
+
+TEST_F(HubTest, NonLfsFileIsCheckedByItsGitSha1) {
+  const auto r = resolve("someone/Tiny-GGUF:plain.gguf", options());
+  EXPECT_EQ(read_all(r.path), read_all(kTinyModel));
+  EXPECT_TRUE(requests("cdn").empty());  // served by the hub itself
+  // Its etag is git's blob sha1 (40 hex), which names the blob.
+  const std::string target = fs::read_symlink(r.path).filename().string();
+  EXPECT_EQ(target.size(), 40u);
+}
+
+TEST_F(HubTest, QuantPicksTheFileAndSidecarsResolveTheSameWay) {
+  const auto r = resolve("someone/Tiny-GGUF:Q8_0", options());
+  EXPECT_EQ(r.file, "Tiny-Q8_0.gguf");  // not the UD variant, not mmproj, not mtp
+  const auto mtp = hub::resolve_sidecar(r, hub::SidecarKind::kMtp, options());
+  ASSERT_TRUE(mtp.has_value());
+  EXPECT_EQ(mtp->file, "mtp-Tiny-Q8_0.gguf");
+  EXPECT_EQ(read_all(mtp->path), read_all(official_file()));
+  EXPECT_EQ(hub::resolve_sidecar(r, hub::SidecarKind::kDflash, options()), std::nullopt);
+  // Offline, the listing comes from the cached snapshot.
+  auto o = options();
+  o.offline = true;
+  hub_->clear_log();
+  EXPECT_EQ(resolve("someone/Tiny-GGUF:Q8_0", o).path, r.path);
+  EXPECT_TRUE(hub_->requests().empty());
+  // A split quant is refused by name.
+  try {
+    resolve("someone/Tiny-GGUF:Q4_K_M", options());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("split"), std::string::npos) << e.what();
+  }
+}
+
+// ---- errors ---------------------------------------------------------------------------------
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST_F(HubTest, HubErrorsNameWhatWasAskedAndWhatHappened) {
+  const auto o = options();
+  std::string m = error_of([&] { resolve("nobody/Nothing-GGUF:x.gguf", o); });
+  EXPECT_NE(m.find("nobody/Nothing-GGUF"), std::string::npos) << m;
+  EXPECT_NE(m.find("not found"), std::string::npos) << m;
+  m = error_of([&] { resolve("Qwen3.6-27B:Q2_K", o); });
+  EXPECT_NE(m.find("has no file Qwen3.6-27B-Q2_K.gguf"), std::string::npos) << m;
+  EXPECT_NE(m.find("quants there: Q4_K_M, Q8_0"), std::string::npos) << m;
+  m = error_of([&] { resolve("someone/Private-GGUF:p.gguf", o); });
+  EXPECT_NE(m.find("HTTP 401"), std::string::npos) << m;
+  EXPECT_NE(m.find("HF_TOKEN"), std::string::npos) << m;
+  m = error_of([&] { resolve("someone/Gated-GGUF:g.gguf", o); });
+  EXPECT_NE(m.find("gated"), std::string::npos) << m;
+  EXPECT_NE(m.find("HTTP 403"), std::string::npos) << m;
+  m = error_of([&] { resolve("someone/Broken-GGUF:b.gguf", o); });
+  EXPECT_NE(m.find("HTTP 500"), std::string::npos) << m;
+  EXPECT_NE(m.find("someone/Broken-GGUF:b.gguf"), std::string::npos) << m;
+  m = error_of([&] { resolve("someone/Broken-GGUF:Q8_0", o); });  // the listing fails
+  EXPECT_NE(m.find("HTTP 500"), std::string::npos) << m;
+  auto dead = o;
+  dead.endpoint = "http://127.0.0.1:9";
+  m = error_of([&] { resolve("Qwen3.6-27B", dead); });
+  EXPECT_NE(m.find("cannot reach the hub"), std::string::npos) << m;
+  for (const auto& text : {"nobody/Nothing-GGUF:x.gguf", "someone/Private-GGUF:p.gguf"})
+    EXPECT_EQ(error_of([&] { resolve(text, o); }).find('\n'), std::string::npos);
+  EXPECT_FALSE(fs::exists(repo_dir("nobody/Nothing-GGUF") + "/snapshots"));
+}
+
+TEST_F(HubTest, UnreachableOrFailingHubFallsBackToTheCache) {
+  const auto r = resolve("Qwen3.6-27B", options());
+  auto dead = options();
+  dead.endpoint = "http://127.0.0.1:9";
+  std::string note;
+  dead.notice = [&](const std::string& line) { note = line; };
+  EXPECT_EQ(resolve("Qwen3.6-27B", dead).path, r.path);
+  EXPECT_NE(note.find("using the cached"), std::string::npos) << note;
+  // A 500 with the file cached: the cache stands (as huggingface_hub).
+  auto config = hub_config();
+  config["repos"]["ggml-org/Qwen3.6-27B-GGUF"]["status"] = 500;
+  hub_->set_config(config);
+  EXPECT_EQ(resolve("Qwen3.6-27B", options()).path, r.path);
+}
+
+TEST_F(HubTest, FullDiskIsAnErrorAndLeavesNothingComplete) {
+  auto config = hub_config();
+  config["advertise_size"] = 1ull << 55;  // 32 PiB: more than any disk here
+  hub_->set_config(config);
+  std::string m = error_of([&] { resolve("Qwen3.6-27B:Q8_0", options()); });
+  EXPECT_NE(m.find("not enough disk space"), std::string::npos) << m;
+  EXPECT_NE(m.find("Qwen3.6-27B:Q8_0"), std::string::npos) << m;
+  EXPECT_TRUE(requests("cdn").empty());  // checked before a byte is fetched
+
+  // A disk that fills up during the download: the partial file is /dev/full.
+  hub_->set_config(hub_config());
+  const std::string blobs = repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/blobs/";
+  const std::string etag = sha256_of(kTinyModel);
+  fs::create_directories(blobs);
+  fs::create_symlink("/dev/full", blobs + etag + ".incomplete");
+  m = error_of([&] { resolve("Qwen3.6-27B:Q8_0", options()); });
+  EXPECT_NE(m.find("disk full"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(blobs + etag));
+}
+
+// ---- the binary -------------------------------------------------------------------------------
+
+TEST_F(HubTest, CommandLinePullLsInfoAndRun) {
+  const std::string env = "HF_HUB_CACHE=" + cache_ + " HF_ENDPOINT=http://127.0.0.1:9 " +
+                          "QWENRT_HF_ENDPOINT=" + hub_->endpoint() + " HF_TOKEN= HF_HUB_OFFLINE=0 ";
+  auto run = [&](const std::string& args) { return testing_support::run_qwenrt_env(env, args); };
+  auto o = run("pull Qwen3.6-27B");
+  ASSERT_EQ(o.code, 0) << o.err;
+  const std::string path =
+      repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/snapshots/" + kCommit + "/Qwen3.6-27B-Q4_K_M.gguf";
+  EXPECT_EQ(o.out, path + "\n");
+  EXPECT_NE(o.err.find("downloaded"), std::string::npos) << o.err;
+
+  o = run("ls");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("Qwen3.6-27B:Q4_K_M"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("6.1 MiB"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("main"), std::string::npos) << o.out;
+  o = run("ls --json");
+  const auto listing = json::parse(o.out);
+  ASSERT_EQ(listing["files"].size(), 1u);
+  EXPECT_EQ(listing["files"][0]["size"], fs::file_size(official_file()));
+
+  o = run("info -hf Qwen3.6-27B");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("checkpoint:    Qwen3.6-27B\n"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("chat dialect qwen3.6"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("no thinking  temperature 0.7, top_p 0.8, top_k 20"), std::string::npos);
+  EXPECT_NE(o.out.find("drafter      mtp (1 block in the file)"), std::string::npos) << o.out;
+  o = run("info Qwen3.6-27B --json");
+  const auto info = json::parse(o.out);
+  EXPECT_EQ(info["qwenrt"]["checkpoint"], "Qwen3.6-27B");
+  EXPECT_EQ(info["qwenrt"]["source"]["commit"], kCommit);
+  EXPECT_EQ(info["qwenrt"]["sampling"]["thinking"]["top_k"], 20);
+  EXPECT_EQ(info["qwenrt"]["stop_tokens"].size(), 2u);
+
+  // Offline, a cached name runs; an uncached one is one line and exit code 1.
+  o = testing_support::run_qwenrt_env(env + "HF_HUB_OFFLINE=1",
+                                      "run -m Qwen3.6-27B -p 'What is 2 + 2?' -n 4 --temp 0");
+  EXPECT_EQ(o.code, 0) << o.err;
+  o = testing_support::run_qwenrt_env(env + "HF_HUB_OFFLINE=1", "run -m Qwen3.8-27B -p hi");
+  EXPECT_EQ(o.code, 1);
+  EXPECT_NE(o.err.find("qwenrt: error: Qwen3.8-27B: "), std::string::npos) << o.err;
+  EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+}
+
+}  // namespace
+}  // namespace qwenrt
