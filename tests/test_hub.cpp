@@ -299,6 +299,7 @@ TEST(HubProgress, LineShowsPercentBytesSpeedAndTimeLeft) {
   const std::string done = hub::format_progress(
       {.label = "f.gguf", .done = 10, .total = 10, .seconds = 125, .finished = true}, 4);
   EXPECT_NE(done.find("100%"), std::string::npos);
+  EXPECT_NE(done.find("0.00/0.00 MB"), std::string::npos) << done;
   EXPECT_NE(done.find("in 2m05s"), std::string::npos);
 }
 

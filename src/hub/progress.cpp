@@ -36,9 +36,13 @@ std::string format_progress(const Progress& p, int bar_width) {
       p.finished
           ? fmt::format("in {}", duration(p.seconds))
           : fmt::format("ETA {}", speed > 0 ? duration(double(p.total - p.done) / speed) : "?");
-  return fmt::format("{} [{}{}] {:3d}% {:.2f}/{:.2f} GB {:.1f} MB/s {}", label_of(p.label),
+  // Units from the total, so a small file does not read 0.01/0.01 GB.
+  const bool gb = p.total >= 1'000'000'000;
+  const double unit = gb ? 1e9 : 1e6;
+  return fmt::format("{} [{}{}] {:3d}% {:.2f}/{:.2f} {} {:.1f} MB/s {}", label_of(p.label),
                      std::string(filled, '#'), std::string(bar_width - filled, '.'),
-                     static_cast<int>(frac * 100), p.done / 1e9, p.total / 1e9, speed / 1e6, tail);
+                     static_cast<int>(frac * 100), p.done / unit, p.total / unit, gb ? "GB" : "MB",
+                     speed / 1e6, tail);
 }
 
 ProgressFn stderr_progress() {
