@@ -511,6 +511,30 @@ TEST_F(HubTest, QuantPicksTheFileAndSidecarsResolveTheSameWay) {
   }
 }
 
+TEST_F(HubTest, UsesWhatLlamaCppDownloadedWhenItMatchesTheHub) {
+  const std::string llama = testing_support::temp_path("llama-cache-" + std::to_string(getpid()));
+  fs::create_directories(llama);
+  const std::string flat = llama + "/ggml-org_Qwen3.6-27B-GGUF_Qwen3.6-27B-Q8_0.gguf";
+  fs::copy_file(kTinyModel, flat, fs::copy_options::overwrite_existing);
+  auto o = options();
+  o.llama_cache_dir = llama;
+  auto r = resolve("Qwen3.6-27B:Q8_0", o);
+  EXPECT_EQ(r.path, flat);
+  EXPECT_FALSE(r.downloaded);
+  EXPECT_EQ(r.commit, kCommit);
+  EXPECT_TRUE(requests("cdn").empty());
+  o.offline = true;
+  EXPECT_EQ(resolve("Qwen3.6-27B:Q8_0", o).path, flat);
+  // An ETag noted beside it that disagrees with the hub's: not the same file, download it.
+  std::ofstream(flat + ".etag") << "\"0000\"\n";
+  o.offline = false;
+  r = resolve("Qwen3.6-27B:Q8_0", o);
+  EXPECT_TRUE(r.downloaded);
+  EXPECT_NE(r.path, flat);
+  EXPECT_EQ(hub::llama_cpp_cache_dir(env_of({{"HOME", "/h"}})), "/h/.cache/llama.cpp");
+  EXPECT_EQ(hub::llama_cpp_cache_dir(env_of({{"HOME", "/h"}, {"LLAMA_CACHE", "/l"}})), "/l");
+}
+
 // ---- errors ---------------------------------------------------------------------------------
 
 std::string error_of(const std::function<void()>& fn) {
@@ -589,7 +613,8 @@ TEST_F(HubTest, FullDiskIsAnErrorAndLeavesNothingComplete) {
 
 TEST_F(HubTest, CommandLinePullLsInfoAndRun) {
   const std::string env = "HF_HUB_CACHE=" + cache_ + " HF_ENDPOINT=http://127.0.0.1:9 " +
-                          "QWENRT_HF_ENDPOINT=" + hub_->endpoint() + " HF_TOKEN= HF_HUB_OFFLINE=0 ";
+                          "QWENRT_HF_ENDPOINT=" + hub_->endpoint() +
+                          " HF_TOKEN= HF_HUB_OFFLINE=0 LLAMA_CACHE=" + cache_ + "/llama ";
   auto run = [&](const std::string& args) { return testing_support::run_qwenrt_env(env, args); };
   auto o = run("pull Qwen3.6-27B");
   ASSERT_EQ(o.code, 0) << o.err;

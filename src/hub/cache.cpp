@@ -78,6 +78,20 @@ std::optional<std::string> access_token(const Env& env) {
   return std::nullopt;
 }
 
+std::string llama_cpp_cache_dir(const Env& env) {
+  if (auto dir = env("LLAMA_CACHE")) return *dir;
+  if (auto xdg = env("XDG_CACHE_HOME")) return *xdg + "/llama.cpp";
+  if (auto home = env("HOME")) return *home + "/.cache/llama.cpp";
+  return "";
+}
+
+std::string llama_cpp_cache_path(const std::string& dir, const std::string& repo,
+                                 const std::string& file) {
+  std::string name = repo + "_" + file;
+  std::replace(name.begin(), name.end(), '/', '_');
+  return dir + "/" + name;
+}
+
 void check_repo_id(const std::string& repo) {
   const size_t slash = repo.find('/');
   auto part_ok = [](std::string_view part) {

@@ -30,6 +30,13 @@ void check_repo_id(const std::string& repo);
 // Error unless `file` is a relative path inside a repo (no "..", no leading '/', no '\\').
 void check_repo_file(const std::string& file);
 
+// llama.cpp's own download folder (its `-hf` before it used this cache): LLAMA_CACHE, else
+// XDG_CACHE_HOME/llama.cpp, else ~/.cache/llama.cpp; empty when none can be named.
+std::string llama_cpp_cache_dir(const Env& env);
+// The file llama.cpp keeps for (repo, file) there, flat: "ORG_NAME_FILE" with every '/' as '_'.
+std::string llama_cpp_cache_path(const std::string& dir, const std::string& repo,
+                                 const std::string& file);
+
 // "models--ORG--NAME".
 std::string repo_folder(const std::string& repo);
 

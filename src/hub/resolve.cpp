@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -161,6 +162,29 @@ Resolved cached_result(const RepoCache& cache, const std::string& revision, cons
           .file = file};
 }
 
+// The file llama.cpp's `-hf` left in its flat cache, if any (and, when `meta` is known, only if its
+// size and any ETag llama.cpp noted beside it agree with the hub's).
+std::optional<std::string> llama_cpp_file(const HubOptions& o, const std::string& repo,
+                                          const std::string& file, const FileMetadata* meta) {
+  if (o.llama_cache_dir.empty()) return std::nullopt;
+  const std::string path = llama_cpp_cache_path(o.llama_cache_dir, repo, file);
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  if (meta == nullptr) return path;
+  if (fs::file_size(path, ec) != meta->size) return std::nullopt;
+  std::ifstream etag_file(path + ".etag");
+  std::string etag;
+  if (etag_file && std::getline(etag_file, etag) && normalize_etag(etag) != meta->etag)
+    return std::nullopt;
+  return path;
+}
+
+Resolved from_llama_cpp(const std::string& repo, const std::string& revision,
+                        const std::string& file, const std::string& path, const HubOptions& o) {
+  if (o.notice) o.notice(fmt::format("using llama.cpp's cached {}", path));
+  return {.path = path, .repo = repo, .revision = revision, .file = file};
+}
+
 // One file of a repo: cached, or fetched into the cache.
 Resolved resolve_file(const std::string& asked, const std::string& repo,
                       const std::string& revision, const std::string& file, const HubOptions& o) {
@@ -171,6 +195,8 @@ Resolved resolve_file(const std::string& asked, const std::string& repo,
   const auto cached = cache.cached_file(revision, file);
   if (o.offline) {
     if (cached) return cached_result(cache, revision, file, *cached);
+    if (auto llama = llama_cpp_file(o, repo, file, nullptr))
+      return from_llama_cpp(repo, revision, file, *llama, o);
     fail("{}: {}/{} is not in the Hugging Face cache ({}) and HF_HUB_OFFLINE is set", asked, repo,
          file, o.cache_dir);
   }
@@ -184,6 +210,8 @@ Resolved resolve_file(const std::string& asked, const std::string& repo,
         o.notice(fmt::format("hub unreachable ({}); using the cached {}", e.what(), *cached));
       return cached_result(cache, revision, file, *cached);
     }
+    if (auto llama = llama_cpp_file(o, repo, file, nullptr))
+      return from_llama_cpp(repo, revision, file, *llama, o);
     fail("{}: cannot reach the hub and {}/{} is not cached: {}", asked, repo, file, e.what());
   }
   if (head.status >= 400) {
@@ -209,6 +237,11 @@ Resolved resolve_file(const std::string& asked, const std::string& repo,
     return fs::is_regular_file(blob, ec) && fs::file_size(blob, ec) == meta.size;
   };
   if (!blob_ready()) {
+    if (auto llama = llama_cpp_file(o, repo, file, &meta)) {
+      Resolved r = from_llama_cpp(repo, revision, file, *llama, o);
+      r.commit = meta.commit;
+      return r;
+    }
     std::error_code ec;
     fs::create_directories(fs::path(blob).parent_path(), ec);
     if (ec)
@@ -251,6 +284,7 @@ Resolved resolve_file(const std::string& asked, const std::string& repo,
 HubOptions hub_options(const Env& env) {
   HubOptions o;
   o.cache_dir = cache_dir(env);
+  o.llama_cache_dir = llama_cpp_cache_dir(env);
   o.endpoint =
       env("QWENRT_HF_ENDPOINT").value_or(env("HF_ENDPOINT").value_or("https://huggingface.co"));
   while (!o.endpoint.empty() && o.endpoint.back() == '/') o.endpoint.pop_back();

@@ -17,6 +17,7 @@ namespace qwenrt::hub {
 
 struct HubOptions {
   std::string cache_dir;             // the Hugging Face cache (cache_dir(env))
+  std::string llama_cache_dir;       // llama.cpp's flat cache, read only (llama_cpp_cache_dir(env))
   std::string endpoint;              // "https://huggingface.co", no trailing '/'
   std::optional<std::string> token;  // sent to the endpoint only
   bool offline = false;              // HF_HUB_OFFLINE: cache only, no request at all
@@ -27,8 +28,8 @@ struct HubOptions {
   std::function<void(const std::string&)> notice;  // one-line notes (downloading, fallbacks)
 };
 
-// From the environment: cache_dir(env), QWENRT_HF_ENDPOINT then HF_ENDPOINT (default
-// https://huggingface.co), access_token(env), HF_HUB_OFFLINE.
+// From the environment: cache_dir(env), llama_cpp_cache_dir(env), QWENRT_HF_ENDPOINT then
+// HF_ENDPOINT (default https://huggingface.co), access_token(env), HF_HUB_OFFLINE.
 HubOptions hub_options(const Env& env);
 
 struct Resolved {
