@@ -417,6 +417,10 @@ TEST_F(HubTest, ResumesAfterACutConnection) {
   }
   // Nothing that looks complete: a partial blob, no blob, no snapshot file.
   EXPECT_EQ(fs::file_size(blobs + etag + ".incomplete"), 1u << 20);
+  const auto listing = hub::list_cache(cache_);
+  EXPECT_TRUE(listing.files.empty());
+  EXPECT_EQ(listing.partial_count, 1);
+  EXPECT_EQ(listing.partial_bytes, 1u << 20);
   EXPECT_FALSE(fs::exists(blobs + etag));
   EXPECT_FALSE(fs::exists(repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/snapshots/" + kCommit +
                           "/Qwen3.6-27B-Q8_0.gguf"));
