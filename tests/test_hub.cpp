@@ -627,6 +627,15 @@ TEST_F(HubTest, CommandLinePullLsInfoAndRun) {
   EXPECT_EQ(o.out, path + "\n");
   EXPECT_NE(o.err.find("downloaded"), std::string::npos) << o.err;
 
+  o = run("pull someone/Tiny-GGUF:Q8_0 --drafter mtp");
+  ASSERT_EQ(o.code, 0) << o.err;
+  const std::string tiny = repo_dir("someone/Tiny-GGUF") + "/snapshots/" + kCommit2 + "/";
+  EXPECT_EQ(o.out, tiny + "Tiny-Q8_0.gguf\n" + tiny + "mtp-Tiny-Q8_0.gguf\n");
+  o = run("pull someone/Tiny-GGUF:Q8_0 --drafter dflash");
+  EXPECT_EQ(o.code, 1);
+  EXPECT_NE(o.err.find("has no dflash-*.gguf drafter"), std::string::npos) << o.err;
+  fs::remove_all(repo_dir("someone/Tiny-GGUF"));
+
   o = run("ls");
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_NE(o.out.find("Qwen3.6-27B:Q4_K_M"), std::string::npos) << o.out;

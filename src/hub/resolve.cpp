@@ -73,7 +73,8 @@ HttpOptions http_options(const HubOptions& o) {
          detail);
   }
   if (r.status == 404) {
-    if (code == "EntryNotFound") fail("{}: {} has no file {}{}", asked, repo, what, detail);
+    if (code == "EntryNotFound")
+      throw MissingFileError(fmt::format("{}: {} has no file {}{}", asked, repo, what, detail));
     if (code == "RevisionNotFound") fail("{}: {} has no such revision{}", asked, repo, detail);
     fail("{}: {} not found on {} (HTTP 404){}", asked, repo, o.endpoint, detail);
   }
@@ -337,10 +338,10 @@ Resolved resolve(const ModelRef& ref, const HubOptions& o) {
     file = choose_quant_file(ref.repo, repo_files(ref.repo, ref.revision, o), ref.quant);
   try {
     return resolve_file(ref.asked, ref.repo, ref.revision, file, o);
-  } catch (const Error& e) {
+  } catch (const MissingFileError& e) {
     // An official name whose quant the repo lacks: say which quants it has.
     const std::string what = e.what();
-    if (!ref.official || o.offline || what.find("has no file") == std::string::npos) throw;
+    if (!ref.official) throw;
     std::string have;
     try {
       for (const auto& f : repo_files(ref.repo, ref.revision, o)) {
@@ -348,7 +349,7 @@ Resolved resolve(const ModelRef& ref, const HubOptions& o) {
         if (file_role(f) == FileRole::kTrunk && !q.empty()) have += (have.empty() ? "" : ", ") + q;
       }
     } catch (const Error&) {
-      throw Error(what);
+      throw MissingFileError(what);
     }
     fail("{}; quants there: {}", what, have.empty() ? "none" : have);
   }

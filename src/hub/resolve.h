@@ -15,6 +15,12 @@
 
 namespace qwenrt::hub {
 
+// The hub answered that the repo has no such file (404 EntryNotFound).
+class MissingFileError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct HubOptions {
   std::string cache_dir;             // the Hugging Face cache (cache_dir(env))
   std::string llama_cache_dir;       // llama.cpp's flat cache, read only (llama_cpp_cache_dir(env))
