@@ -9,6 +9,7 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 #include "gguf/reader.h"
@@ -387,6 +388,19 @@ TEST_F(HubTest, SameBlobInAnotherFileIsLinkedNotFetched) {
   EXPECT_EQ(fs::read_symlink(ud.path), fs::read_symlink(r.path));
 }
 
+TEST_F(HubTest, TwoDownloadsOfOneFileFetchItOnce) {
+  // The blob's lock: the second waits, then finds the blob in place.
+  hub::Resolved a, b;
+  std::thread first([&] { a = resolve("Qwen3.6-27B:Q8_0", options()); });
+  std::thread second([&] { b = resolve("Qwen3.6-27B:Q8_0", options()); });
+  first.join();
+  second.join();
+  EXPECT_EQ(a.path, b.path);
+  EXPECT_NE(a.downloaded, b.downloaded);
+  EXPECT_EQ(read_all(a.path), read_all(kTinyModel));
+  EXPECT_EQ(requests("cdn", "GET").size(), 1u);
+}
+
 TEST_F(HubTest, TokenGoesToTheHubNotToTheCdn) {
   auto o = options();
   EXPECT_THROW(resolve("someone/Private-GGUF:p.gguf", o), Error);
@@ -561,6 +575,10 @@ TEST_F(HubTest, HubErrorsNameWhatWasAskedAndWhatHappened) {
   m = error_of([&] { resolve("someone/Private-GGUF:p.gguf", o); });
   EXPECT_NE(m.find("HTTP 401"), std::string::npos) << m;
   EXPECT_NE(m.find("HF_TOKEN"), std::string::npos) << m;
+  auto wrong = o;
+  wrong.token = "hf_wrong";
+  m = error_of([&] { resolve("someone/Private-GGUF:p.gguf", wrong); });
+  EXPECT_NE(m.find("the token sent has no access"), std::string::npos) << m;
   m = error_of([&] { resolve("someone/Gated-GGUF:g.gguf", o); });
   EXPECT_NE(m.find("gated"), std::string::npos) << m;
   EXPECT_NE(m.find("HTTP 403"), std::string::npos) << m;

@@ -1,6 +1,9 @@
 #include "hub/cache.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -41,9 +44,15 @@ std::optional<std::string> read_whole(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// A name beside `path` no other writer (process or thread) uses at the same time.
+std::string private_name(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return fmt::format("{}.{}.{}.tmp", path, getpid(), counter++);
+}
+
 // Writes `text` to `path` through a temporary file and a rename, so a reader never sees half.
 void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = private_name(path);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << text;
@@ -219,9 +228,14 @@ void RepoCache::link_snapshot(const std::string& commit, const std::string& file
   for (size_t depth = 2 + std::count(file.begin(), file.end(), '/'); depth > 0; --depth)
     target += "../";
   target += "blobs/" + etag;
-  fs::remove(link, ec);
-  fs::create_symlink(target, link, ec);
-  if (ec) fail("{}: could not link to {}: {}", link.string(), target, ec.message());
+  // Made aside and renamed over: another download of the same file may be linking it too.
+  const std::string tmp = private_name(link.string());
+  fs::create_symlink(target, tmp, ec);
+  if (!ec) fs::rename(tmp, link, ec);
+  if (ec) {
+    fs::remove(tmp);
+    fail("{}: could not link to {}: {}", link.string(), target, ec.message());
+  }
 }
 
 CacheListing list_cache(const std::string& cache) {

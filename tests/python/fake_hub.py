@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
@@ -245,8 +246,11 @@ def main():
     ap.add_argument("--ports", required=True)
     ap.add_argument("--log", required=True)
     args = ap.parse_args()
-    hub, _ = serve(args.config, args.ports, args.log)
-    threading.Event().wait()
+    serve(args.config, args.ports, args.log)
+    # Gone with the test that started it, even when that one crashed.
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

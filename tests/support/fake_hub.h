@@ -2,6 +2,7 @@
 // 127.0.0.1, with its config rewritten by the test and its request log read back.
 #pragma once
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -45,8 +46,16 @@ class FakeHub {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (posix_spawnp(&pid_, python.c_str(), nullptr, nullptr, argv.data(), environ) != 0)
-      throw std::runtime_error("cannot start " + python + " " + script);
+    // Its output goes to a file: a server holding the test's stdout would keep a pipe open.
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    const std::string server_log = dir_ + "/server.log";
+    posix_spawn_file_actions_addopen(&actions, 1, server_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    const int rc = posix_spawnp(&pid_, python.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) throw std::runtime_error("cannot start " + python + " " + script);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!std::filesystem::exists(dir_ + "/ports")) {
       int status = 0;
