@@ -93,7 +93,9 @@ double scaled_max_err(const std::vector<float>& got, const std::vector<float>& w
   }
   return worst;
 }
-double scaled_tol(DType t) { return int8_path(t) ? 5e-3 : 1e-6; }
+double scaled_tol(DType t) {
+  return int8_path(t) ? 5e-3 : 1e-6;
+}
 
 // Device memory owned by a test.
 struct DeviceBuffer {
@@ -132,10 +134,32 @@ Matrix device_matrix(const HostWeight& w, const DeviceBuffer& data) {
                 .data = data.ptr};
 }
 
+// A weight as the backend places it: Q8_0 rows of whole superblocks repacked on the device
+// (repack_q8_0_superblocks), every other type as it is.
+struct PlacedWeight {
+  std::unique_ptr<DeviceBuffer> data;
+  Matrix m;
+};
+PlacedWeight place_weight(const HostWeight& w, bool q8_superblocks) {
+  PlacedWeight p;
+  p.data = to_device(w.bytes.data(), int64_t(w.bytes.size()));
+  p.m = device_matrix(w, *p.data);
+  if (q8_superblocks) {
+    auto packed = std::make_unique<DeviceBuffer>(int64_t(w.bytes.size()));
+    repack_q8_0_superblocks(p.data->ptr, packed->ptr, int64_t(w.bytes.size()), nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    p.data = std::move(packed);
+    p.m.data = p.data->ptr;
+    p.m.q8_superblocks = true;
+  }
+  return p;
+}
+
 // `in` per type: the block size times an odd number (F32 / F16 / BF16: any length).
 std::vector<int64_t> ins_for(DType t) {
   const uint32_t bs = traits(t).block_elems;
   if (bs == 256) return {256 * 3, 256 * 1};
+  if (t == DType::Q8_0) return {32 * 5, 32 * 9, 256 * 3};  // 768: placed as superblocks
   if (bs == 32) return {32 * 5, 32 * 9};
   return {5, 37, 64};
 }
@@ -406,6 +430,190 @@ TEST(CudaMatmulLaunchers, ExpertsMatchReference) {
     check_experts(DType::Q4_K, true, 256 * 3, 256, 8, 3, n, rng);
     check_experts(DType::Q6_K, false, 256, 256, 6, 2, n, rng);
     check_experts(DType::Q8_0, true, 32 * 5, 32 * 3, 5, 4, n, rng);
+  }
+}
+
+// ---- The resident GEMV (n = 1) and Q8_0 superblocks -------------------------------------------
+// The types with a resident kernel, Q8_0 as the backend places it (superblocks) among them.
+struct ResidentType {
+  DType type;
+  bool q8s;
+  const char* name;
+};
+const ResidentType kResidentTypes[] = {{DType::Q4_K, false, "Q4_K"},
+                                       {DType::Q5_K, false, "Q5_K"},
+                                       {DType::IQ4_XS, false, "IQ4_XS"},
+                                       {DType::Q8_0, true, "Q8_0 superblocks"}};
+
+// Row lengths that give every slicing of a row (units = in / 32: 8 and 64 in one slice of one or
+// two units a lane, 160 in two slices, 384 in four, 544 in eight with a ragged last slice).
+const int64_t kResidentIns[] = {256, 2048, 5120, 12288, 17408};
+
+TEST(CudaMatmulLaunchers, ResidentGemvMatchesReference) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(21);
+  for (const ResidentType& t : kResidentTypes) {
+    for (int64_t in : kResidentIns) {
+      for (int64_t out : {1, 7, 515}) {
+        const HostWeight hw = make_weight(t.type, in, out, 1, rng);
+        const PlacedWeight pw = place_weight(hw, t.q8s);
+        const std::vector<float> x = random_floats(in, rng);
+        auto dx = to_device(x.data(), in * 4);
+        auto dy = poisoned(out);
+        DeviceBuffer ws(std::max<int64_t>(16, matmul_workspace_bytes(pw.m, 1)));
+        matmul(pw.m, dx->f(), dy->f(), 1, ws.ptr, nullptr);
+        std::vector<float> want(out);
+        ref::matmul(Weight{"w", hw.view}, x.data(), want.data(), 1);
+        const std::vector<float> got = to_host(*dy, out);
+        EXPECT_LT(scaled_max_err(got, want, x, hw, 1, in, out), scaled_tol(t.type))
+            << t.name << " in=" << in << " out=" << out;
+        if (out >= 16) {
+          EXPECT_LT(rel_l2(got, want), 2.5e-2) << t.name << " in=" << in;
+        }
+        // Two copies of x take the staged kernel: the same int8 activations and weights, so the
+        // resident row may differ from it by summation order only.
+        std::vector<float> x2(x);
+        x2.insert(x2.end(), x.begin(), x.end());
+        auto dx2 = to_device(x2.data(), 2 * in * 4);
+        auto dy2 = poisoned(2 * out);
+        DeviceBuffer ws2(matmul_workspace_bytes(pw.m, 2));
+        matmul(pw.m, dx2->f(), dy2->f(), 2, ws2.ptr, nullptr);
+        const std::vector<float> staged = to_host(*dy2, 2 * out);
+        EXPECT_LT(scaled_max_err(got, std::vector<float>(staged.begin(), staged.begin() + out), x,
+                                 hw, 1, in, out),
+                  1e-5)
+            << t.name << " in=" << in << " out=" << out << ": resident and staged kernels differ";
+      }
+    }
+  }
+}
+
+// Q8_0 superblocks through every path that reads Q8_0: the resident GEMV (n = 1), the staged
+// GEMV (n <= 8), the chunked kernel (n > 8), a group, the embedding lookup, and the repack itself
+// (its bytes are the GGUF bytes moved, checked here against the layout quant_blocks.cuh states).
+TEST(CudaMatmulLaunchers, Q8SuperblocksMatchReferenceOnEveryPath) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(22);
+  {
+    const HostWeight hw = make_weight(DType::Q8_0, 512, 3, 1, rng);
+    const PlacedWeight pw = place_weight(hw, true);
+    std::vector<uint8_t> got(hw.bytes.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), pw.data->ptr, got.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (size_t sb = 0; sb < got.size() / 272; ++sb) {
+      const uint8_t* g = got.data() + 272 * sb;
+      const uint8_t* b = hw.bytes.data() + 272 * sb;  // eight 34-byte GGUF blocks
+      for (int j = 0; j < 8; ++j) {
+        ASSERT_EQ(std::memcmp(g + 2 * j, b + 34 * j, 2), 0) << "scale of block " << j;
+        ASSERT_EQ(std::memcmp(g + 16 + 32 * j, b + 34 * j + 2, 32), 0) << "quants of block " << j;
+      }
+    }
+  }
+  for (int64_t in : {256, 768, 5120}) {
+    for (int64_t n : {1, 4, 9, 33}) {
+      const int64_t out = 300;
+      const HostWeight hw = make_weight(DType::Q8_0, in, out, 1, rng);
+      const PlacedWeight pw = place_weight(hw, true);
+      const std::vector<float> x = random_floats(n * in, rng);
+      auto dx = to_device(x.data(), n * in * 4);
+      auto dy = poisoned(n * out);
+      DeviceBuffer ws(matmul_workspace_bytes(pw.m, n));
+      matmul(pw.m, dx->f(), dy->f(), n, ws.ptr, nullptr);
+      std::vector<float> want(n * out);
+      ref::matmul(Weight{"w", hw.view}, x.data(), want.data(), n);
+      const std::vector<float> got = to_host(*dy, n * out);
+      EXPECT_LT(scaled_max_err(got, want, x, hw, n, in, out), scaled_tol(DType::Q8_0))
+          << "in=" << in << " n=" << n;
+      EXPECT_LT(rel_l2(got, want), 2.5e-2) << "in=" << in << " n=" << n;
+    }
+  }
+  // The embedding lookup dequantises exactly.
+  const int64_t dim = 768, vocab = 50;
+  const HostWeight ht = make_weight(DType::Q8_0, dim, vocab, 1, rng);
+  const PlacedWeight pt = place_weight(ht, true);
+  const std::vector<int32_t> tokens = {0, 49, 7, 7, 23};
+  const int64_t n = int64_t(tokens.size());
+  auto dt = to_device(tokens.data(), n * 4);
+  auto de = poisoned(n * dim);
+  embed_rows(pt.m, static_cast<const int32_t*>(dt->ptr), n, de->f(), nullptr);
+  std::vector<float> want(n * dim);
+  ref::embed_rows(Weight{"t", ht.view}, tokens.data(), want.data(), n);
+  EXPECT_LT(rel_l2(to_host(*de, n * dim), want), 1e-6);
+}
+
+// A group of same-type projections, a dense SwiGLU and routed experts at n = 1 (the resident
+// kernel's other two modes), with an expert id out of range writing NaN rows and nothing else.
+TEST(CudaMatmulLaunchers, ResidentGroupSwiGluAndExpertsMatchReference) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(23);
+  for (const ResidentType& t : kResidentTypes) {
+    for (int64_t in : {2048, 5120, 17408}) {
+      const std::vector<float> x = random_floats(in, rng);
+      auto dx = to_device(x.data(), in * 4);
+      // Group of three.
+      const int64_t outs[3] = {61, 515, 7};
+      std::vector<HostWeight> hw;
+      std::vector<PlacedWeight> pw;
+      std::vector<std::unique_ptr<DeviceBuffer>> ys;
+      std::vector<Projection> p;
+      for (int i = 0; i < 3; ++i) {
+        hw.push_back(make_weight(t.type, in, outs[i], 1, rng));
+        pw.push_back(place_weight(hw[i], t.q8s));
+        ys.push_back(poisoned(outs[i]));
+        p.push_back({.w = pw[i].m, .y = ys[i]->f()});
+      }
+      DeviceBuffer ws(std::max<int64_t>(16, matmul_group_workspace_bytes(p.data(), 3, 1)));
+      matmul_group(p.data(), 3, dx->f(), 1, ws.ptr, nullptr);
+      for (int i = 0; i < 3; ++i) {
+        std::vector<float> want(outs[i]);
+        ref::matmul(Weight{"w", hw[i].view}, x.data(), want.data(), 1);
+        EXPECT_LT(scaled_max_err(to_host(*ys[i], outs[i]), want, x, hw[i], 1, in, outs[i]),
+                  scaled_tol(t.type))
+            << t.name << " group projection " << i << " in=" << in;
+      }
+      // SwiGLU.
+      const int64_t ff = 300;
+      const HostWeight hg = make_weight(t.type, in, ff, 1, rng),
+                       hu = make_weight(t.type, in, ff, 1, rng);
+      const PlacedWeight pg = place_weight(hg, t.q8s), pu = place_weight(hu, t.q8s);
+      std::vector<float> g(ff), u(ff);
+      ref::matmul(Weight{"g", hg.view}, x.data(), g.data(), 1);
+      ref::matmul(Weight{"u", hu.view}, x.data(), u.data(), 1);
+      auto dy = poisoned(ff);
+      matmul_swiglu(pg.m, pu.m, dx->f(), dy->f(), 1, ws.ptr, nullptr);
+      EXPECT_LT(rel_l2(to_host(*dy, ff), silu_mul_ref(g, u)), 2.5e-2)
+          << t.name << " swiglu in=" << in;
+    }
+    // Routed experts, gate and up as two views of one fused tensor, one id out of range.
+    const int64_t dim = 2048, ff = 96;
+    const int n_expert = 6, k = 4;
+    const HostWeight hgu = make_weight(t.type, dim, 2 * ff, n_expert, rng);
+    const PlacedWeight pgu = place_weight(hgu, t.q8s);
+    const std::vector<float> x = random_floats(dim, rng);
+    const std::vector<int32_t> ids = {4, 0, n_expert, 2};  // choice 2 is out of range
+    auto dx = to_device(x.data(), dim * 4);
+    auto dids = to_device(ids.data(), k * 4);
+    auto dact = poisoned(k * ff);
+    Matrix gate = pgu.m, up = pgu.m;
+    gate.out = up.out = ff;
+    up.data = static_cast<const uint8_t*>(pgu.data->ptr) + ff * hgu.row_bytes;
+    DeviceBuffer ws(std::max<int64_t>(16, matmul_workspace_bytes(gate, k)));
+    experts_swiglu(gate, up, static_cast<const int32_t*>(dids->ptr), k, dx->f(), dact->f(), 1,
+                   ws.ptr, nullptr);
+    const std::vector<float> got = to_host(*dact, k * ff);
+    const Weight wgu{"gate_up", hgu.view};
+    std::vector<float> gu(2 * ff), want(ff);
+    for (int j = 0; j < k; ++j) {
+      const std::vector<float> row(got.begin() + j * ff, got.begin() + (j + 1) * ff);
+      if (ids[j] >= n_expert) {
+        EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](float v) { return std::isnan(v); }))
+            << t.name << " choice " << j << " has a bad id: its row must be NaN";
+        continue;
+      }
+      ref::matmul(wgu.expert(ids[j]), x.data(), gu.data(), 1);
+      ref::silu_mul(gu.data(), gu.data() + ff, want.data(), ff);
+      EXPECT_LT(rel_l2(row, want), 2.5e-2) << t.name << " experts choice " << j;
+    }
   }
 }
 

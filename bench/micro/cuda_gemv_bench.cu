@@ -1,6 +1,7 @@
 // Weight-streaming bandwidth of the CUDA GEMV kernels (ops/cuda/matmul.cu) for batch-1..8 decode:
 // for every type with a kernel, the shapes that dominate a decode step (lm head 2048 x 248320,
-// FFN up 5120 x 17408 and down 17408 x 5120, and 8 routed 2048 x 512 experts through
+// FFN up 5120 x 17408 (alone and as a SwiGLU gate + up pair) and down 17408 x 5120, a 5120 x 10240
+// projection group, and 8 routed 2048 x 512 experts through
 // experts_swiglu), n = 1, 4, 8 activation rows. Each launch is timed with CUDA events over many
 // reps that rotate among enough weight copies to exceed the 60 MB L2, and reported as weight
 // bytes per second and the share of the 4.27 TB/s measured copy bandwidth.
@@ -38,21 +39,25 @@ struct TypeInfo {
   DType type;
   const char* name;
   int block_elems, block_bytes;
+  bool q8_superblocks = false;  // Q8_0 as the backend places it (repacked at load)
 };
 const TypeInfo kTypes[] = {{DType::Q4_K, "Q4_K", 256, 144}, {DType::Q5_K, "Q5_K", 256, 176},
                            {DType::Q6_K, "Q6_K", 256, 210}, {DType::IQ4_XS, "IQ4_XS", 256, 136},
-                           {DType::Q8_0, "Q8_0", 32, 34},   {DType::Q4_0, "Q4_0", 32, 18},
-                           {DType::F16, "F16", 1, 2},       {DType::BF16, "BF16", 1, 2},
-                           {DType::F32, "F32", 1, 4}};
+                           {DType::Q8_0, "Q8_0", 32, 34},   {DType::Q8_0, "Q8_0sb", 32, 34, true},
+                           {DType::Q4_0, "Q4_0", 32, 18},   {DType::F16, "F16", 1, 2},
+                           {DType::BF16, "BF16", 1, 2},     {DType::F32, "F32", 1, 4}};
 
 struct Shape {
   const char* name;
   int64_t in, out;
-  bool experts;  // 8 routed experts of 256 per row through experts_swiglu (gate + up)
+  bool experts;         // 8 routed experts of 256 per row through experts_swiglu (gate + up)
+  bool swiglu = false;  // a dense gate and up pair through matmul_swiglu
 };
 const Shape kShapes[] = {{"2048x248320", 2048, 248320, false},
                          {"5120x17408", 5120, 17408, false},
+                         {"5120x17408 swiglu", 5120, 17408, false, true},
                          {"17408x5120", 17408, 5120, false},
+                         {"5120x10240", 5120, 10240, false},
                          {"2048x512 x8 experts", 2048, 512, true}};
 constexpr int kExperts = 256, kTopK = 8;
 
@@ -79,7 +84,8 @@ int main(int argc, char** argv) {
       const int64_t row_bytes = s.in / t.block_elems * t.block_bytes;
       const int64_t n_mat = s.experts ? kExperts : 1;
       const int64_t tensor_bytes = row_bytes * s.out * n_mat;
-      const int64_t copy_bytes = tensor_bytes * (s.experts ? 2 : 1);
+      const bool pair = s.experts || s.swiglu;
+      const int64_t copy_bytes = tensor_bytes * (pair ? 2 : 1);
       int n_copies =
           static_cast<int>(std::max<int64_t>(2, (kRotateBytes + copy_bytes - 1) / copy_bytes));
       n_copies = static_cast<int>(
@@ -88,7 +94,7 @@ int main(int argc, char** argv) {
       for (Copy& c : copies) {
         BENCH_CUDA(cudaMalloc(&c.gate, tensor_bytes));
         BENCH_CUDA(cudaMemset(c.gate, 0x11, tensor_bytes));
-        if (s.experts) {
+        if (pair) {
           BENCH_CUDA(cudaMalloc(&c.up, tensor_bytes));
           BENCH_CUDA(cudaMemset(c.up, 0x11, tensor_bytes));
         }
@@ -100,9 +106,10 @@ int main(int argc, char** argv) {
                  .n_expert = n_mat,
                  .row_bytes = row_bytes,
                  .expert_bytes = row_bytes * s.out,
-                 .data = nullptr};
+                 .data = nullptr,
+                 .q8_superblocks = t.q8_superblocks};
         const int64_t x_rows = n;
-        const int64_t y_rows = s.experts ? int64_t{n} * kTopK : n;
+        const int64_t y_rows = s.experts ? int64_t{n} * kTopK : n;  // swiglu: [n, out] as well
         std::vector<float> hx(x_rows * s.in);
         for (size_t i = 0; i < hx.size(); ++i) hx[i] = float((i * 7919) % 1000) / 500.0f - 1.0f;
         // Distinct experts for every (row, choice), so each pair streams its own weights.
@@ -128,6 +135,10 @@ int main(int argc, char** argv) {
             Matrix uw = gw;
             uw.data = c.up;
             experts_swiglu(gw, uw, ids, kTopK, x, y, n, ws, stream);
+          } else if (s.swiglu) {
+            Matrix uw = gw;
+            uw.data = c.up;
+            matmul_swiglu(gw, uw, x, y, n, ws, stream);
           } else {
             matmul(gw, x, y, n, ws, stream);
           }
@@ -141,8 +152,9 @@ int main(int argc, char** argv) {
         BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
         const double us = 1e3 * ms / reps;
         // Weight bytes one launch reads: the matrix, or gate + up of n * 8 experts.
-        const double bytes =
-            s.experts ? 2.0 * n * kTopK * row_bytes * s.out : double(row_bytes) * s.out;
+        const double bytes = s.experts  ? 2.0 * n * kTopK * row_bytes * s.out
+                             : s.swiglu ? 2.0 * row_bytes * s.out
+                                        : double(row_bytes) * s.out;
         const double gbs = bytes / (us * 1e-6) / 1e9;
         std::printf("%-8s %-20s %2d %10.2f %9.1f %6.1f%%\n", t.name, s.name, n, us, gbs,
                     100.0 * gbs / kRooflineGBs);

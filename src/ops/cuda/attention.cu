@@ -31,6 +31,7 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace qwenrt::ops::cuda {
 namespace {
@@ -166,6 +167,7 @@ __device__ __forceinline__ void score_dots(const float* q_s, const float* k_row,
 // One block: (tile or chunk blockIdx.x, span blockIdx.y, KV head blockIdx.z).
 template <int D, bool kSplit>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a) {
+  pdl_launch_dependents();
   using S = Smem<D>;
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
@@ -416,6 +418,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
 // One block per (span, KV head).
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
+  pdl_launch_dependents();
   __shared__ float weight_s[kTileVectors][kMaxSplits];
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int s = blockIdx.x, g = blockIdx.y, G = a.group;

@@ -279,17 +279,28 @@ class CudaOps final : public Ops {
     const int64_t bytes = v.n_rows() * v.row_bytes();
     uint8_t* dst = weight_memory(bytes);
     const uint8_t* src = static_cast<const uint8_t*>(v.data);
-    for (int64_t off = 0; off < bytes; off += kStageBytes) {
-      const int64_t len = std::min(kStageBytes, bytes - off);
+    // Q8_0 rows of whole superblocks are repacked on the device on the way in (kernels.h,
+    // repack_q8_0_superblocks): each chunk goes to a scratch buffer, then the repack writes it
+    // into place. Chunks are whole superblocks.
+    const bool repack = v.dtype == DType::Q8_0 && cuda::q8_0_superblocks_fit(v.ne[0]);
+    constexpr int64_t kSuperblock = 272;
+    const int64_t chunk = repack ? kStageBytes / kSuperblock * kSuperblock : kStageBytes;
+    uint8_t* scratch = repack ? repack_scratch_.get(chunk) : nullptr;
+    for (int64_t off = 0; off < bytes; off += chunk) {
+      const int64_t len = std::min(chunk, bytes - off);
       const int i = stage_next_;
       stage_next_ ^= 1;
       QWENRT_CUDA_CHECK(cudaEventSynchronize(stage_done_[i]));
       uint8_t* stage = stage_[i].get(kStageBytes);
       std::memcpy(stage, src + off, static_cast<size_t>(len));
-      QWENRT_CUDA_CHECK(cudaMemcpyAsync(dst + off, stage, static_cast<size_t>(len),
-                                        cudaMemcpyHostToDevice, stream_));
+      QWENRT_CUDA_CHECK(cudaMemcpyAsync(repack ? scratch : dst + off, stage,
+                                        static_cast<size_t>(len), cudaMemcpyHostToDevice, stream_));
       QWENRT_CUDA_CHECK(cudaEventRecord(stage_done_[i], stream_));
+      if (repack) cuda::repack_q8_0_superblocks(scratch, dst + off, len, stream_);
     }
+    if (repack)
+      q8_superblock_ranges_[reinterpret_cast<uintptr_t>(dst)] =
+          reinterpret_cast<uintptr_t>(dst + bytes);
     placed_bytes_ += bytes;
     progress_done_ += file_bytes;
     if (progress_) progress_(std::min(progress_done_, progress_total_), progress_total_);
@@ -584,7 +595,16 @@ class CudaOps final : public Ops {
             .n_expert = v.ne[2],
             .row_bytes = v.nb[1],
             .expert_bytes = v.nb[2],
-            .data = v.data};
+            .data = v.data,
+            .q8_superblocks = v.dtype == DType::Q8_0 && in_q8_superblocks(v.data)};
+  }
+  // Whether a placed weight (or a view into one) was repacked into Q8_0 superblocks.
+  bool in_q8_superblocks(const void* p) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = q8_superblock_ranges_.upper_bound(a);
+    if (it == q8_superblock_ranges_.begin()) return false;
+    --it;
+    return a < it->second;
   }
   int64_t matmul_ws(const Weight& w, int64_t n) const {
     return cuda::matmul_workspace_bytes(matrix(w), n);
@@ -789,6 +809,9 @@ class CudaOps final : public Ops {
   std::vector<void*> weight_chunks_;
   int64_t weight_used_ = 0, weight_chunk_size_ = 0, placed_bytes_ = 0;
   PinnedBuffer stage_[2];
+  DeviceBuffer repack_scratch_;
+  std::map<uintptr_t, uintptr_t>
+      q8_superblock_ranges_;  // placed Q8_0 superblock tensors: [start, end)
   cudaEvent_t stage_done_[2] = {};
   int stage_next_ = 0;
   std::function<void(uint64_t, uint64_t)> progress_;

@@ -22,6 +22,7 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace qwenrt::ops::cuda {
 namespace {
@@ -54,6 +55,7 @@ __global__ void __launch_bounds__(kConvThreads, 4)  // 4: ptxas spills at its ow
     conv_silu_kernel(const Span* __restrict__ spans, int n_spans, int64_t n,
                      const float* __restrict__ x, const float* __restrict__ kernel,
                      float* __restrict__ conv_state, float* __restrict__ mixed, int64_t C) {
+  pdl_launch_dependents();
   __shared__ int s_first;
   __shared__ Span s_spans[kConvRows];  // the spans intersecting this tile; count 0 ends the list
   const int64_t r0 = int64_t{blockIdx.y} * kConvRows;
@@ -163,6 +165,7 @@ struct DeltaParams {
 template <int kR>
 __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD)
     delta_rule_kernel(const DeltaParams prm) {
+  pdl_launch_dependents();
   __shared__ float s_q[kMaxD], s_k[kMaxD], s_v[kMaxD];
   __shared__ float s_norms[3][kMaxD / 32];   // per-warp q.q, k.k, q.k of the current token
   __shared__ float s_red[2][kParts][kMaxD];  // per-part S^T k, S^T q
@@ -330,6 +333,7 @@ void launch_conv(const DeviceStep& step, const float* qkv, const float* kernel, 
 // the column of S in global memory, reductions through shared memory in a fixed order. Slow but
 // exact; only odd test shapes take it.
 __global__ void __launch_bounds__(kMaxD) delta_rule_any_d_kernel(const DeltaParams prm) {
+  pdl_launch_dependents();
   __shared__ float s_q[kMaxD], s_k[kMaxD], s_red[kMaxD];
   __shared__ float s_scalar[4];  // |q|, |k| inverses, exp(g), beta
   const int D = prm.head_dim, j = threadIdx.x;

@@ -8,6 +8,7 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace qwenrt::ops::cuda {
 namespace {
@@ -44,6 +45,7 @@ bool aligned16(const void* p) {
 template <bool kAdd>
 __global__ void rmsnorm_warp_kernel(float* x, const float* delta, const float* weight, float* out,
                                     int64_t rows, int dim, float eps) {
+  pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t{blockIdx.x} * (kThreads / 32) + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps leave together: the shuffles below stay full-warp
@@ -78,6 +80,7 @@ __global__ void rmsnorm_warp_kernel(float* x, const float* delta, const float* w
 template <bool kAdd>
 __global__ void rmsnorm_block_kernel(float* x, const float* delta, const float* weight, float* out,
                                      int64_t dim, float eps) {
+  pdl_launch_dependents();
   __shared__ float s_warp[32];
   const int64_t row = blockIdx.x;
   float* xr = x + row * dim;
@@ -123,6 +126,7 @@ void launch_rmsnorm(float* x, const float* delta, const float* weight, float* ou
 // touches only n * n_heads * n_rot/2 pairs.
 __global__ void rope_neox_kernel(float* x, const int32_t* positions, int64_t n_pairs, int n_heads,
                                  int head_dim, int64_t token_stride, int n_rot, double theta) {
+  pdl_launch_dependents();
   const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (idx >= n_pairs) return;
   const int half = n_rot / 2;
@@ -145,6 +149,7 @@ __global__ void rope_neox_kernel(float* x, const int32_t* positions, int64_t n_p
 // case: activations come from the aligned workspace), one float per thread otherwise.
 template <class Fn>
 __global__ void map2_vec4_kernel(const float4* a, const float4* b, float4* out, int64_t n4, Fn fn) {
+  pdl_launch_dependents();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= n4) return;
   const float4 x = a[i], y = b[i];
@@ -153,6 +158,7 @@ __global__ void map2_vec4_kernel(const float4* a, const float4* b, float4* out, 
 
 template <class Fn>
 __global__ void map2_kernel(const float* a, const float* b, float* out, int64_t n, Fn fn) {
+  pdl_launch_dependents();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i < n) out[i] = fn(a[i], b[i]);
 }
@@ -182,6 +188,7 @@ struct Add {
 // 65535 limit of gridDim.y).
 __global__ void sigmoid_mul_kernel(const float* x, const float* gate, int64_t gate_stride,
                                    float* out, int64_t rows, int64_t cols) {
+  pdl_launch_dependents();
   const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
@@ -190,6 +197,7 @@ __global__ void sigmoid_mul_kernel(const float* x, const float* gate, int64_t ga
 
 __global__ void copy_2d_kernel(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
                                int64_t rows, int64_t cols) {
+  pdl_launch_dependents();
   const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
@@ -198,6 +206,7 @@ __global__ void copy_2d_kernel(const float* src, int64_t src_stride, float* dst,
 
 __global__ void gather_rows_kernel(const float* x, int64_t dim, const int32_t* rows, int64_t n_rows,
                                    float* out) {
+  pdl_launch_dependents();
   const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (c >= dim) return;
   for (int64_t r = blockIdx.y; r < n_rows; r += gridDim.y) out[r * dim + c] = x[rows[r] * dim + c];

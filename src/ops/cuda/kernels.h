@@ -21,7 +21,16 @@ struct Matrix {
   int64_t in = 0, out = 0, n_expert = 1;
   int64_t row_bytes = 0, expert_bytes = 0;
   const void* data = nullptr;
+  // Q8_0 whose rows were repacked into superblocks of eight blocks (repack_q8_0_superblocks).
+  bool q8_superblocks = false;
 };
+
+// Q8_0 rows of `in` elements can be repacked when they are whole superblocks (in % 256 == 0).
+bool q8_0_superblocks_fit(int64_t in);
+// dst = src (GGUF Q8_0 blocks, `bytes` of whole 272-byte superblocks) repacked: per superblock the
+// eight fp16 scales, then the eight 32-byte quant arrays (quant_blocks.cuh, Q80S). src and dst
+// are device memory, 16-byte aligned, not overlapping.
+void repack_q8_0_superblocks(const void* src, void* dst, int64_t bytes, cudaStream_t stream);
 
 // Types the matmul / embed kernels read as they are: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ4_XS, F32,
 // F16, BF16. The backend converts every other type to F32 at load (quant/ dequantises it).

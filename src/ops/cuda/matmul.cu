@@ -30,6 +30,7 @@
 #include "core/dtype.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 
 namespace qwenrt::ops::cuda {
@@ -162,6 +163,7 @@ struct MatArg {
   int64_t row_bytes, expert_bytes, out, n_expert;
   DType dtype;
   bool vec;
+  bool q8s;  // Q8_0 in superblocks (qb::Q80S)
 };
 
 // Float rows are read 16 bytes at a time when every row and x row start 16-byte aligned.
@@ -175,7 +177,7 @@ bool float_vec_ok(const Matrix& w, const float* x) {
 int64_t row_units(const Matrix& w, bool vec) {
   switch (w.dtype) {
     case DType::Q8_0:
-      return w.in / 16;
+      return w.q8_superblocks ? w.in / 32 : w.in / 16;
     case DType::F32:
       return vec ? w.in / 4 : w.in;
     case DType::F16:
@@ -204,10 +206,13 @@ MatArg mat_arg(const Matrix& w, const float* x, const char* what) {
     bad_call("{}: in = {} is not a multiple of {}'s block of {}", what, w.in, dtype_name(w.dtype),
              tr.block_elems);
   // Q4_K / Q5_K units are 16-byte loads, IQ4_XS 8-byte, the rest 2-byte (F32 4-byte).
-  const int64_t need = w.dtype == DType::Q4_K || w.dtype == DType::Q5_K ? 16
-                       : w.dtype == DType::IQ4_XS                       ? 8
-                       : w.dtype == DType::F32                          ? 4
-                                                                        : 2;
+  if (w.q8_superblocks && (w.dtype != DType::Q8_0 || w.in % qb::Q80S::kElems != 0))
+    bad_call("{}: a {} matrix with in = {} cannot be in Q8_0 superblocks", what,
+             dtype_name(w.dtype), w.in);
+  const int64_t need = w.dtype == DType::Q4_K || w.dtype == DType::Q5_K || w.q8_superblocks ? 16
+                       : w.dtype == DType::IQ4_XS                                           ? 8
+                       : w.dtype == DType::F32                                              ? 4
+                                                                                            : 2;
   if (!aligned(w.data, need) || w.row_bytes % need != 0 ||
       (w.n_expert > 1 && w.expert_bytes % need != 0))
     bad_call("{}: {} rows must be {}-byte aligned (data {}, row_bytes {}, expert_bytes {})", what,
@@ -219,7 +224,8 @@ MatArg mat_arg(const Matrix& w, const float* x, const char* what) {
           .out = w.out,
           .n_expert = w.n_expert,
           .dtype = w.dtype,
-          .vec = vec};
+          .vec = vec,
+          .q8s = w.q8_superblocks};
 }
 
 // ---- Per-thread partial dot products --------------------------------------------------------
@@ -295,7 +301,11 @@ __device__ __forceinline__ void row_partial(const MatArg& m, const uint8_t* row,
       quant_partial<qb::Q6K, NR>(row, a, lane, ts, acc);
       break;
     case DType::Q8_0:
-      quant_partial<qb::Q80, NR>(row, a, lane, ts, acc);
+      if (m.q8s) {
+        quant_partial<qb::Q80S, NR>(row, a, lane, ts, acc);
+      } else {
+        quant_partial<qb::Q80, NR>(row, a, lane, ts, acc);
+      }
       break;
     case DType::Q4_0:
       quant_partial<qb::Q40, NR>(row, a, lane, ts, acc);
@@ -356,6 +366,7 @@ __device__ __forceinline__ float silu(float x) {
 // scale, so it reaches the output as the reference would.
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks,
                                    int8_t* __restrict__ q, float* __restrict__ d) {
+  pdl_launch_dependents();
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (blk >= n_blocks) return;  // uniform over the warp
@@ -419,6 +430,7 @@ struct Group {
 
 template <int NR>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ Group g, Acts a) {
+  pdl_launch_dependents();
   __shared__ float smem[kWarps][NR];
   const int64_t chunk = blockIdx.x % g.n_chunks, row_block = blockIdx.x / g.n_chunks;
   int j = 0;
@@ -442,6 +454,7 @@ template <int NR>
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(MatArg gate, MatArg up, float* y, int ts, int rows_per_block, int64_t n_chunks,
                   Acts a) {
+  pdl_launch_dependents();
   __shared__ float smem[kWarps][2 * NR];
   const int64_t chunk = blockIdx.x % n_chunks, row_block = blockIdx.x / n_chunks;
   const int team = threadIdx.x / ts, lane = threadIdx.x % ts;
@@ -473,6 +486,7 @@ __global__ void __launch_bounds__(kThreads)
     experts_swiglu_kernel(MatArg gate, MatArg up, const int32_t* __restrict__ ids, int k,
                           float* __restrict__ y, int64_t n_pairs, int ts, int rows_per_block,
                           Acts a) {
+  pdl_launch_dependents();
   __shared__ float smem[kWarps][2];
   const int team = threadIdx.x / ts, lane = threadIdx.x % ts;
   const int64_t row = int64_t(blockIdx.x) * rows_per_block + team;
@@ -500,6 +514,7 @@ __global__ void __launch_bounds__(kThreads)
     experts_down_kernel(MatArg down, const int32_t* __restrict__ ids,
                         const float* __restrict__ weights, int k, float* __restrict__ y, int64_t n,
                         int ts, int rows_per_block, Acts a) {
+  pdl_launch_dependents();
   __shared__ float smem[kWarps][1];
   const int team = threadIdx.x / ts, lane = threadIdx.x % ts;
   const int64_t row = int64_t(blockIdx.x) * rows_per_block + team;
@@ -581,11 +596,15 @@ void launch_swiglu(int nr, const MatArg& gate, const MatArg& up, float* y, int t
 // read once for all NR activation rows. The warp sums in a fixed order (deterministic).
 constexpr int kStageUnits = 64;
 constexpr int kStageWarps = 8;
-constexpr int kStageMaxTile = 1680;  // Q6_K: 8 blocks of 210 bytes
 
 template <class T>
 constexpr int stage_blocks() {
   return kStageUnits / T::kUnits;
+}
+// Bytes of one tile buffer (a multiple of 16, so every warp's pair of buffers stays aligned).
+template <class T>
+constexpr int stage_tile() {
+  return (stage_blocks<T>() * T::kBytes + 15) / 16 * 16;
 }
 
 // Copies `bytes` (even) from global src to shared dst: VEC-byte cp.async chunks by the warp, the
@@ -619,7 +638,7 @@ __device__ __forceinline__ void stage_wait() {
 // buf: this warp's two tiles of shared memory.
 template <class T, int NR, int VEC>
 __device__ __forceinline__ void staged_row(const uint8_t* row, const Acts& a, int64_t x_stride,
-                                           uint8_t (*buf)[kStageMaxTile], int lane,
+                                           uint8_t (*buf)[stage_tile<T>()], int lane,
                                            float (&acc)[NR]) {
   constexpr int kTb = stage_blocks<T>();
   const int n_blocks = static_cast<int>(a.in / T::kElems);
@@ -669,7 +688,8 @@ __device__ __forceinline__ void warp_sum(float (&v)[NV]) {
 template <class T, int NR, int VEC>
 __global__ void __launch_bounds__(kStageWarps * 32)
     staged_gemv_kernel(const __grid_constant__ Group g, int64_t total_rows, Acts a) {
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][kStageMaxTile];
+  pdl_launch_dependents();
+  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t grow = int64_t{blockIdx.x} * kStageWarps + warp;
   if (grow >= total_rows) return;  // whole warps only: no block-level barrier below
@@ -690,7 +710,8 @@ __global__ void __launch_bounds__(kStageWarps * 32)
 template <class T, int NR, int VEC>
 __global__ void __launch_bounds__(kStageWarps * 32)
     staged_swiglu_kernel(MatArg gate, MatArg up, float* __restrict__ y, Acts a) {
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][kStageMaxTile];
+  pdl_launch_dependents();
+  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = int64_t{blockIdx.x} * kStageWarps + warp;
   if (row >= gate.out) return;
@@ -710,7 +731,8 @@ template <class T, int VEC>
 __global__ void __launch_bounds__(kStageWarps * 32)
     staged_experts_swiglu_kernel(MatArg gate, MatArg up, const int32_t* __restrict__ ids, int k,
                                  float* __restrict__ y, int64_t n_pairs, Acts a) {
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][kStageMaxTile];
+  pdl_launch_dependents();
+  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t ff = gate.out;
   const int64_t grow = int64_t{blockIdx.x} * kStageWarps + warp;
@@ -738,7 +760,8 @@ __global__ void __launch_bounds__(kStageWarps * 32)
     staged_experts_down_kernel(MatArg down, const int32_t* __restrict__ ids,
                                const float* __restrict__ weights, int k, float* __restrict__ y,
                                int64_t n, Acts a) {
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][kStageMaxTile];
+  pdl_launch_dependents();
+  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t grow = int64_t{blockIdx.x} * kStageWarps + warp;
   if (grow >= n * down.out) return;
@@ -768,7 +791,8 @@ template <class T, int VEC>
 __global__ void __launch_bounds__(kStageWarps * 32)
     staged_experts_down_pairs_kernel(MatArg down, const int32_t* __restrict__ ids,
                                      float* __restrict__ y, int64_t n_pairs, Acts a) {
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][kStageMaxTile];
+  pdl_launch_dependents();
+  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t grow = int64_t{blockIdx.x} * kStageWarps + warp;
   if (grow >= n_pairs * down.out) return;
@@ -800,7 +824,7 @@ int stage_vec(const MatArg& m) {
 
 // Calls fn.template operator()<T, VEC>() for the staged types; false for the others.
 template <class Fn>
-bool with_staged_type(DType type, int vec, Fn&& fn) {
+bool with_staged_type(DType type, bool q8s, int vec, Fn&& fn) {
   auto by_vec = [&]<class T>() {
     switch (vec) {
       case 16:
@@ -825,7 +849,7 @@ bool with_staged_type(DType type, int vec, Fn&& fn) {
     case DType::Q6_K:
       return by_vec.template operator()<qb::Q6K>();
     case DType::Q8_0:
-      return by_vec.template operator()<qb::Q80>();
+      return q8s ? by_vec.template operator()<qb::Q80S>() : by_vec.template operator()<qb::Q80>();
     case DType::Q4_0:
       return by_vec.template operator()<qb::Q40>();
     case DType::IQ4_XS:
@@ -844,7 +868,7 @@ int staged_vec_of(const MatArg& m) {
     case DType::Q6_K:
       return stage_vec<qb::Q6K>(m);
     case DType::Q8_0:
-      return stage_vec<qb::Q80>(m);
+      return m.q8s ? stage_vec<qb::Q80S>(m) : stage_vec<qb::Q80>(m);
     case DType::Q4_0:
       return stage_vec<qb::Q40>(m);
     case DType::IQ4_XS:
@@ -878,7 +902,7 @@ bool staged_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream)
   int vec = 16;
   int64_t rows = 0;
   for (int i = 0; i < g.n_jobs; ++i) {
-    if (g.job[i].m.dtype != type) return false;
+    if (g.job[i].m.dtype != type || g.job[i].m.q8s != g.job[0].m.q8s) return false;
     vec = std::min(vec, staged_vec_of(g.job[i].m));
     rows += g.job[i].m.out;
   }
@@ -889,7 +913,7 @@ bool staged_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream)
     first += g.job[i].m.out;
   }
   const unsigned grid = static_cast<unsigned>((rows + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(type, vec, [&]<class T, int VEC>() {
+  return with_staged_type(type, g.job[0].m.q8s, vec, [&]<class T, int VEC>() {
     for_nr<1>(static_cast<int>(n), [&]<int NR>() {
       staged_gemv_kernel<T, NR, VEC><<<grid, kStageWarps * 32, 0, stream>>>(sg, rows, a);
     });
@@ -899,10 +923,10 @@ bool staged_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream)
 
 bool staged_swiglu(const MatArg& g, const MatArg& u, float* y, int64_t n, const Acts& a,
                    cudaStream_t stream) {
-  if (staging_off() || n > 8 || n < 1 || g.dtype != u.dtype) return false;
+  if (staging_off() || n > 8 || n < 1 || g.dtype != u.dtype || g.q8s != u.q8s) return false;
   const int vec = std::min(staged_vec_of(g), staged_vec_of(u));
   const unsigned grid = static_cast<unsigned>((g.out + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(g.dtype, vec, [&]<class T, int VEC>() {
+  return with_staged_type(g.dtype, g.q8s, vec, [&]<class T, int VEC>() {
     for_nr<1>(static_cast<int>(n), [&]<int NR>() {
       staged_swiglu_kernel<T, NR, VEC><<<grid, kStageWarps * 32, 0, stream>>>(g, u, y, a);
     });
@@ -912,12 +936,12 @@ bool staged_swiglu(const MatArg& g, const MatArg& u, float* y, int64_t n, const 
 
 bool staged_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k, float* y,
                            int64_t n_pairs, const Acts& a, cudaStream_t stream) {
-  if (staging_off() || g.dtype != u.dtype) return false;
+  if (staging_off() || g.dtype != u.dtype || g.q8s != u.q8s) return false;
   const int vec = std::min(staged_vec_of(g), staged_vec_of(u));
   const int64_t rows = n_pairs * g.out;
   if ((rows + kStageWarps - 1) / kStageWarps > int64_t{0x7fffffff}) return false;
   const unsigned grid = static_cast<unsigned>((rows + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(g.dtype, vec, [&]<class T, int VEC>() {
+  return with_staged_type(g.dtype, g.q8s, vec, [&]<class T, int VEC>() {
     staged_experts_swiglu_kernel<T, VEC>
         <<<grid, kStageWarps * 32, 0, stream>>>(g, u, ids, k, y, n_pairs, a);
     QWENRT_CUDA_CHECK_LAUNCH();
@@ -931,7 +955,7 @@ bool staged_experts_down_pairs(const MatArg& d, const int32_t* ids, float* y, in
   const int64_t rows = n_pairs * d.out;
   if ((rows + kStageWarps - 1) / kStageWarps > int64_t{0x7fffffff}) return false;
   const unsigned grid = static_cast<unsigned>((rows + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(d.dtype, vec, [&]<class T, int VEC>() {
+  return with_staged_type(d.dtype, d.q8s, vec, [&]<class T, int VEC>() {
     staged_experts_down_pairs_kernel<T, VEC>
         <<<grid, kStageWarps * 32, 0, stream>>>(d, ids, y, n_pairs, a);
     QWENRT_CUDA_CHECK_LAUNCH();
@@ -945,11 +969,510 @@ bool staged_experts_down(const MatArg& d, const int32_t* ids, const float* weigh
   const int64_t rows = n * d.out;
   if ((rows + kStageWarps - 1) / kStageWarps > int64_t{0x7fffffff}) return false;
   const unsigned grid = static_cast<unsigned>((rows + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(d.dtype, vec, [&]<class T, int VEC>() {
+  return with_staged_type(d.dtype, d.q8s, vec, [&]<class T, int VEC>() {
     staged_experts_down_kernel<T, VEC>
         <<<grid, kStageWarps * 32, 0, stream>>>(d, ids, weights, k, y, n, a);
     QWENRT_CUDA_CHECK_LAUNCH();
   });
+}
+
+// ---- Resident GEMV: the batch-1 decode path (n = 1) ------------------------------------------
+// For the types whose 256-element blocks split into 8 units of 32 that load with 16- or 8-byte
+// loads (Q4_K, Q5_K, IQ4_XS, Q8_0 in superblocks). The staged kernel above re-reads the
+// activations for every row from L1 and stages the weights through shared memory; both cost
+// load instructions per weight byte that the weight stream cannot afford. Here:
+// - A row's n_units = in / 32 units are split into S slices of 32 UPL units, UPL = 1..4 units a
+//   lane (resident_shape); a block is S x R warps (R = max(1, 8 / S) row lanes). Lane l of slice
+//   s owns units 32 UPL s + 32 i + l of every row it visits, so its activations stay in
+//   registers: the block quantises x
+//   once into shared memory (quantize_q8_kernel's arithmetic, so the int8 values equal the
+//   two-launch path's; rows longer than kResQuantiseInKernelMax take that kernel's output
+//   instead) and each lane keeps its unit's int8 values, scales and scaled sums. A row then costs
+//   its weight loads (consecutive lanes take consecutive units: coalesced) and the dot products.
+// - Blocks are persistent (the grid is what fits on the GPU at once) and walk the row groups (R
+//   rows) grid-strided; each warp keeps the weights of the next DEPTH rows in flight (registers:
+//   3 rows ahead at one unit a lane, 1 at more). Slice partials meet in shared memory once at the
+//   end, summed in a fixed order.
+// - Programmatic dependent launch (sm_90, pdl.cuh): the kernel lets the next kernel launch at
+//   once, and loads its first rows' weights (which no earlier kernel writes) before waiting for
+//   the previous kernel's results.
+constexpr int kResRowWarps = 8;    // warps a block aims for (S x R)
+constexpr int kResMaxSlices = 18;  // rows up to 18432 wide (the 27B's FFN rows are 17408)
+
+// The three shapes of work: matmul / matmul_group (jobs), a dense SwiGLU (gate and up rows
+// together), routed experts' gate/up (rows pair * ff + row of expert ids[pair]).
+enum ResidentMode { kResJobs = 0, kResSwiglu = 1, kResExperts = 2 };
+
+struct ResidentArgs {
+  const uint8_t* data[kMaxJobs];
+  int64_t row_bytes[kMaxJobs];
+  int64_t expert_bytes[2];
+  float* y[kMaxJobs];
+  int64_t first_row[kMaxJobs + 1];  // kResJobs: job j holds rows [first_row[j], first_row[j + 1])
+  int n_jobs;
+  int64_t total_rows;
+  int64_t ff;             // kResExperts: rows per pair
+  const int32_t* ids;     // kResExperts
+  int64_t n_expert;       // kResExperts
+  const float* x;         // [in], 16-byte aligned
+  const int8_t* xq;       // x already quantised (quantize_q8_kernel; long rows), or null
+  const float* xd;        // its scales
+  int in;                 // a multiple of 256
+  int slices, row_lanes;  // S, R
+  int max_groups;         // row groups a block visits, at most (the partials' shared memory)
+};
+
+template <int MODE>
+constexpr int resident_mats() {
+  return MODE == kResJobs ? 1 : 2;
+}
+// Rows a warp has in flight beyond the one it computes: with one unit a lane there are registers
+// for three (two with two matrices); with more units a lane, one.
+template <int UPL, int MODE>
+constexpr int resident_depth() {
+  return UPL > 1 ? 1 : MODE == kResJobs ? 3 : 2;
+}
+// Threads a block may have: slices of one unit a lane make up to 18 warps; with more units a lane
+// a block has at most 8 (and the registers that UPL x (1 + depth) units need).
+template <int UPL>
+constexpr int resident_max_threads() {
+  return UPL == 1 ? kResMaxSlices * 32 : kResRowWarps * 32;
+}
+
+// The weight rows of global row r (false: an expert id out of range; nothing to read).
+template <int MODE>
+__device__ __forceinline__ bool resident_rows(const ResidentArgs& a, int64_t r,
+                                              const uint8_t* (&ptr)[resident_mats<MODE>()]) {
+  if constexpr (MODE == kResJobs) {
+    int j = 0;
+    while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
+    ptr[0] = a.data[j] + (r - a.first_row[j]) * a.row_bytes[j];
+    return true;
+  } else if constexpr (MODE == kResSwiglu) {
+    ptr[0] = a.data[0] + r * a.row_bytes[0];
+    ptr[1] = a.data[1] + r * a.row_bytes[1];
+    return true;
+  } else {
+    const int64_t p = r / a.ff, row = r % a.ff;
+    const int32_t e = a.ids[p];
+    if (e < 0 || e >= a.n_expert) return false;
+    ptr[0] = a.data[0] + e * a.expert_bytes[0] + row * a.row_bytes[0];
+    ptr[1] = a.data[1] + e * a.expert_bytes[1] + row * a.row_bytes[1];
+    return true;
+  }
+}
+
+template <int MODE>
+__device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
+                                               const float (&v)[resident_mats<MODE>()], bool ok) {
+  if constexpr (MODE == kResJobs) {
+    int j = 0;
+    while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
+    a.y[j][r - a.first_row[j]] = v[0];
+  } else {
+    a.y[0][r] = ok ? silu(v[0]) * v[1] : __int_as_float(0x7fc00000);
+  }
+}
+
+template <class T, int UPL, int MODE>
+__device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, int u0, int j,
+                                              int n_units,
+                                              typename T::Unit (&w)[resident_mats<MODE>()][UPL]) {
+  constexpr int NM = resident_mats<MODE>();
+  const uint8_t* ptr[NM];
+  if (!resident_rows<MODE>(a, r, ptr)) return false;
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+#pragma unroll
+    for (int i = 0; i < UPL; ++i) {
+      const int u = u0 + 32 * i;
+      if (u < n_units) w[m][i] = T::load(ptr[m] + (u / T::kUnits) * T::kBytes, j);
+    }
+  }
+  return true;
+}
+
+template <class T, int UPL, int MODE>
+__global__ void __launch_bounds__(resident_max_threads<UPL>())
+    resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
+  constexpr int NM = resident_mats<MODE>();
+  constexpr int DEPTH = resident_depth<UPL, MODE>(), NB = DEPTH + 1;
+  static_assert(T::kElems == 256 && T::kUnits == 8, "resident GEMV: 256-element blocks of 8 units");
+  extern __shared__ __align__(16) uint8_t res_smem[];
+  int8_t* sq = reinterpret_cast<int8_t*>(res_smem);       // [in] (unless pre-quantised)
+  float* sd = reinterpret_cast<float*>(res_smem + a.in);  // [in / 32]
+  float* part = a.xq ? reinterpret_cast<float*>(res_smem) : sd + a.in / qb::kActBlock;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int S = a.slices, R = a.row_lanes;
+  const int s = warp % S, rw = warp / S;
+  const int n_units = a.in / 32;
+  const int u0 = 32 * UPL * s + lane;  // this lane's units of every row: u0 + 32 i, i < UPL
+  const int j = lane % T::kUnits;      // their place in their blocks
+  const int64_t stride = int64_t{gridDim.x} * R;
+  const int64_t r0 = int64_t{blockIdx.x} * R + rw;
+
+  pdl_launch_dependents();
+  typename T::Unit w[NB][NM][UPL];
+  bool ok[NB];
+  auto load_ahead = [&]() {
+#pragma unroll
+    for (int q = 0; q < DEPTH; ++q) {
+      const int64_t r = r0 + q * stride;
+      ok[q] = r < a.total_rows && resident_load<T, UPL, MODE>(a, r, u0, j, n_units, w[q]);
+    }
+  };
+  if constexpr (MODE != kResExperts) load_ahead();  // expert ids come from the previous kernel
+  pdl_wait();
+  if constexpr (MODE == kResExperts) load_ahead();
+
+  if (a.xq == nullptr) {
+    // x into shared memory as int8 blocks of 32: four threads a block, eight elements each (in
+    // / 8 is a multiple of 32, so whole warps take part in each round of shuffles).
+    for (int t = threadIdx.x; t < a.in / 8; t += blockDim.x) {
+      const float4 v0 = reinterpret_cast<const float4*>(a.x)[2 * t];
+      const float4 v1 = reinterpret_cast<const float4*>(a.x)[2 * t + 1];
+      const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      float amax = 0.0f;
+      bool bad = false;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        amax = fmaxf(amax, fabsf(v[i]));
+        bad = bad || isnan(v[i]);
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      int any_bad = bad ? 1 : 0;
+      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 1);
+      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 2);
+      const float scale = any_bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      uint32_t packed[2] = {0, 0};
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        packed[i / 4] |= (uint32_t(__float2int_rn(v[i] * inv)) & 0xff) << (8 * (i % 4));
+      *reinterpret_cast<uint2*>(sq + 8 * t) = make_uint2(packed[0], packed[1]);
+      if (t % 4 == 0) sd[t / 4] = scale;
+    }
+    __syncthreads();
+  }
+  // This lane's units of x: pre-quantised (long rows) or from shared memory.
+  const int8_t* aq = a.xq ? a.xq : sq;
+  const float* ad = a.xq ? a.xd : sd;
+  int4 av[UPL][2];
+  float xd[UPL][2], xs[UPL][2];
+#pragma unroll
+  for (int i = 0; i < UPL; ++i) {
+    const int u = u0 + 32 * i;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      av[i][k] = make_int4(0, 0, 0, 0);
+      xd[i][k] = xs[i][k] = 0.0f;
+      if (u < n_units) {
+        const int e = (u / T::kUnits) * T::kElems + T::act_offset(j, k);
+        av[i][k] = *reinterpret_cast<const int4*>(aq + e);
+        xd[i][k] = ad[e / qb::kActBlock];
+        const int4 v = av[i][k];
+        xs[i][k] = xd[i][k] * float(qb::sum4(v.w, qb::sum4(v.z, qb::sum4(v.y, qb::sum4(v.x, 0)))));
+      }
+    }
+  }
+
+  // Row t of this warp is r0 + t * stride, its weights in buffer t % NB; the loop is unrolled NB
+  // times so every buffer index is a constant (registers, not local memory).
+  const int part_stride = R * a.max_groups;
+  for (int t0 = 0;; t0 += NB) {
+#pragma unroll
+    for (int q = 0; q < NB; ++q) {
+      const int t = t0 + q;
+      const int64_t r = r0 + t * stride;
+      if (r >= a.total_rows) goto rows_done;  // uniform over the warp
+      {
+        const int ahead = (q + DEPTH) % NB;
+        const int64_t rn = r + DEPTH * stride;
+        ok[ahead] =
+            rn < a.total_rows && resident_load<T, UPL, MODE>(a, rn, u0, j, n_units, w[ahead]);
+      }
+      float acc[NM] = {};
+      if (ok[q]) {
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+#pragma unroll
+          for (int i = 0; i < UPL; ++i) {
+            if (u0 + 32 * i < n_units) acc[m] += T::dot_regs(w[q][m][i], j, av[i], xd[i], xs[i]);
+          }
+        }
+      }
+      warp_sum<NM>(acc);
+      if (lane == 0) {
+        if (S == 1) {
+          resident_store<MODE>(a, r, acc, ok[q]);
+        } else {
+#pragma unroll
+          for (int m = 0; m < NM; ++m) part[(m * S + s) * part_stride + t * R + rw] = acc[m];
+        }
+      }
+    }
+  }
+rows_done:
+  if (S > 1) {
+    __syncthreads();
+    for (int l = threadIdx.x; l < part_stride; l += blockDim.x) {
+      const int64_t row = (int64_t{blockIdx.x} + int64_t{l / R} * gridDim.x) * R + l % R;
+      if (row >= a.total_rows) continue;
+      float v[NM];
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        float sum = 0.0f;
+        for (int q = 0; q < S; ++q) sum += part[(m * S + q) * part_stride + l];
+        v[m] = sum;
+      }
+      bool row_ok = true;
+      if constexpr (MODE == kResExperts) {
+        const int32_t e = a.ids[row / a.ff];
+        row_ok = e >= 0 && e < a.n_expert;
+      }
+      resident_store<MODE>(a, row, v, row_ok);
+    }
+  }
+}
+
+bool resident_off() {
+  static const bool off = [] {
+    const char* v = std::getenv("QWENRT_CUDA_RESIDENT");
+    return v && v[0] == '0';
+  }();
+  return off;
+}
+
+// Programmatic dependent launch: sm_90 and later, unless QWENRT_CUDA_PDL=0.
+bool pdl_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("QWENRT_CUDA_PDL");
+    if (v && v[0] == '0') return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return on;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    QWENRT_CUDA_CHECK(cudaGetDevice(&dev));
+    QWENRT_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+    return count;
+  }();
+  return n;
+}
+
+template <class T, int UPL, int MODE>
+void launch_resident(ResidentArgs a, cudaStream_t stream) {
+  constexpr int NM = resident_mats<MODE>();
+  auto* kernel = resident_gemv_kernel<T, UPL, MODE>;
+  const int S = a.slices, R = a.row_lanes, threads = 32 * S * R;
+  const int64_t groups = (a.total_rows + R - 1) / R;
+  const size_t base = a.xq ? 0 : size_t(a.in) + size_t(a.in / qb::kActBlock) * 4;
+  const auto part_bytes = [&](int64_t max_groups) {
+    return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
+  };
+  int per_sm = 0;
+  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
+                                                                  base + part_bytes(8)));
+  const int64_t grid =
+      std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{std::max(per_sm, 1)} * sm_count()));
+  a.max_groups = static_cast<int>((groups + grid - 1) / grid);
+  const size_t smem = base + part_bytes(a.max_groups);
+  if (smem > 48 * 1024) {
+    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_on() ? 1 : 0;
+  QWENRT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+}
+
+// Rows longer than this take their activations quantised by quantize_q8_kernel (one launch)
+// instead of every block quantising the whole row itself (a 17408-wide row is 70 KB of floats a
+// block reads from L2 before its weights can be used).
+constexpr int kResQuantiseInKernelMax = 8192;
+
+// The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
+// none: other types, rows over 18432 wide, unaligned x, or QWENRT_CUDA_RESIDENT=0.
+// Units a lane, chosen by measurement (bench/results/h200.md, cuda_gemv_bench on the H200):
+// single matrices and routed experts stream best with up to 4 units a lane over 1, 2, 4 or 8
+// slices (fewer rows per byte: the per-row work of finding, summing and storing a row is paid
+// less often), the dense SwiGLU with one unit a lane over in / 1024 slices and two rows ahead
+// (two matrices' units at 3 a lane need ~170 registers: one block an SM).
+struct ResidentShape {
+  int slices, upl;
+};
+template <int MODE>
+ResidentShape resident_shape(int n_units) {
+  if constexpr (MODE == kResSwiglu) {
+    return {(n_units + 31) / 32, 1};
+  } else {
+    int S = 1;
+    while (S < kResRowWarps && S * 32 * 4 < n_units) S *= 2;
+    return {S, (n_units + 32 * S - 1) / (32 * S)};
+  }
+}
+
+// The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
+// none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
+template <int MODE>
+bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream) {
+  if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
+  const ResidentShape shape = resident_shape<MODE>(a.in / 32);
+  if (shape.slices > kResMaxSlices || shape.upl > 4) return false;
+  switch (m.dtype) {
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::IQ4_XS:
+      // A single 4-bit matrix with rows this long streams faster through the staged kernel
+      // (Q4_K 17408 x 5120: 29.6 us against 35.4 us here, quantisation launch included).
+      if (MODE == kResJobs && a.in > kResQuantiseInKernelMax) return false;
+      break;
+    case DType::Q8_0:
+      if (!m.q8s) return false;
+      // An lm-head-sized Q8_0 matrix streams faster through the staged kernel (94% of the
+      // bandwidth against 85% here, 2048 x 248320).
+      if (MODE == kResJobs && a.total_rows >= 131072) return false;
+      break;
+    default:
+      return false;
+  }
+  a.slices = shape.slices;
+  a.row_lanes = std::max(1, kResRowWarps / shape.slices);
+  if (a.in > kResQuantiseInKernelMax && workspace != nullptr) {
+    const Acts q = prepare_acts(a.x, 1, a.in, true, workspace, stream);
+    a.xq = q.q;
+    a.xd = q.d;
+  }
+  auto by_upl = [&]<class T>() {
+    if constexpr (MODE == kResSwiglu) {
+      launch_resident<T, 1, MODE>(a, stream);
+    } else {
+      switch (shape.upl) {
+        case 1:
+          launch_resident<T, 1, MODE>(a, stream);
+          break;
+        case 2:
+          launch_resident<T, 2, MODE>(a, stream);
+          break;
+        case 3:
+          launch_resident<T, 3, MODE>(a, stream);
+          break;
+        default:
+          launch_resident<T, 4, MODE>(a, stream);
+          break;
+      }
+    }
+  };
+  switch (m.dtype) {
+    case DType::Q4_K:
+      by_upl.template operator()<qb::Q4K>();
+      break;
+    case DType::Q5_K:
+      by_upl.template operator()<qb::Q5K>();
+      break;
+    case DType::IQ4_XS:
+      by_upl.template operator()<qb::IQ4XS>();
+      break;
+    default:
+      by_upl.template operator()<qb::Q80S>();
+      break;
+  }
+  return true;
+}
+
+bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
+                    cudaStream_t stream) {
+  ResidentArgs a{};
+  a.n_jobs = g.n_jobs;
+  int64_t rows = 0;
+  for (int i = 0; i < g.n_jobs; ++i) {
+    const MatArg& m = g.job[i].m;
+    if (m.dtype != g.job[0].m.dtype || m.q8s != g.job[0].m.q8s) return false;
+    a.data[i] = m.data;
+    a.row_bytes[i] = m.row_bytes;
+    a.y[i] = g.job[i].y;
+    a.first_row[i] = rows;
+    rows += m.out;
+  }
+  a.first_row[g.n_jobs] = rows;
+  a.total_rows = rows;
+  a.x = x;
+  a.in = static_cast<int>(in);
+  return in <= (1 << 20) && resident<kResJobs>(g.job[0].m, a, workspace, stream);
+}
+
+bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,
+                     void* workspace, cudaStream_t stream) {
+  if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
+  ResidentArgs a{};
+  a.data[0] = g.data;
+  a.data[1] = u.data;
+  a.row_bytes[0] = g.row_bytes;
+  a.row_bytes[1] = u.row_bytes;
+  a.y[0] = y;
+  a.total_rows = g.out;
+  a.x = x;
+  a.in = static_cast<int>(in);
+  return resident<kResSwiglu>(g, a, workspace, stream);
+}
+
+bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,
+                             const float* x, int64_t in, float* y, void* workspace,
+                             cudaStream_t stream) {
+  if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
+  ResidentArgs a{};
+  a.data[0] = g.data;
+  a.data[1] = u.data;
+  a.row_bytes[0] = g.row_bytes;
+  a.row_bytes[1] = u.row_bytes;
+  a.expert_bytes[0] = g.expert_bytes;
+  a.expert_bytes[1] = u.expert_bytes;
+  a.y[0] = y;
+  a.ff = g.out;
+  a.total_rows = int64_t{k} * g.out;
+  a.ids = ids;
+  a.n_expert = g.n_expert;
+  a.x = x;
+  a.in = static_cast<int>(in);
+  return resident<kResExperts>(g, a, workspace, stream);
+}
+
+// Q8_0 superblocks: word w of a 272-byte superblock is the scale of block w (w < 8), else two
+// quant bytes of block (2 (w - 8)) / 32.
+__global__ void repack_q8_0_kernel(const uint16_t* __restrict__ src, uint16_t* __restrict__ dst,
+                                   int64_t n_words) {
+  pdl_launch_dependents();
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= n_words) return;
+  constexpr int kWords = qb::Q80S::kBytes / 2;  // 136
+  const int64_t sb = i / kWords;
+  const int w = int(i % kWords);
+  int from;  // word index in the GGUF blocks of this superblock (17 words a block)
+  if (w < 8) {
+    from = 17 * w;
+  } else {
+    const int o = 2 * (w - 8);  // byte offset in the 256 quant bytes
+    from = 17 * (o / 32) + 1 + (o % 32) / 2;
+  }
+  dst[i] = src[sb * kWords + from];
 }
 
 // Runs `launch(nr, n_chunks, row0)` over n rows: full passes of 8 rows in one launch, then the
@@ -986,6 +1509,7 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
     g.job[i].first_block = blocks;
     blocks += (p[i].w.out + g.rows_per_block - 1) / g.rows_per_block;
   }
+  if (n == 1 && any_quant && resident_group(g, x, in, workspace, stream)) return;
   const Acts a = prepare_acts(x, n, in, any_quant, workspace, stream);
   if (any_quant && staged_group(g, n, a, stream)) return;
   over_row_chunks(n, [&](int nr, int64_t n_chunks, int64_t row0) {
@@ -1009,6 +1533,7 @@ template <class E>
 __global__ void embed_kernel(const uint8_t* __restrict__ table, int64_t row_bytes, int64_t n_vocab,
                              int64_t dim, const int32_t* __restrict__ tokens, int64_t n,
                              float* __restrict__ out) {
+  pdl_launch_dependents();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= dim) return;
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
@@ -1020,6 +1545,25 @@ __global__ void embed_kernel(const uint8_t* __restrict__ table, int64_t row_byte
 }
 
 }  // namespace
+
+bool q8_0_superblocks_fit(int64_t in) {
+  return in > 0 && in % qb::Q80S::kElems == 0;
+}
+
+void repack_q8_0_superblocks(const void* src, void* dst, int64_t bytes, cudaStream_t stream) {
+  if (bytes < 0 || bytes % qb::Q80S::kBytes != 0)
+    bad_call("repack_q8_0_superblocks: {} bytes is not whole superblocks of {}", bytes,
+             qb::Q80S::kBytes);
+  if (!aligned(src, 16) || !aligned(dst, 16))
+    bad_call("repack_q8_0_superblocks: unaligned src {} or dst {}", src, dst);
+  const int64_t n_words = bytes / 2;
+  if (n_words == 0) return;
+  constexpr int kThreadsPerBlock = 256;
+  repack_q8_0_kernel<<<static_cast<unsigned>((n_words + kThreadsPerBlock - 1) / kThreadsPerBlock),
+                       kThreadsPerBlock, 0, stream>>>(static_cast<const uint16_t*>(src),
+                                                      static_cast<uint16_t*>(dst), n_words);
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
 
 bool has_kernel(DType type) {
   return is_quantised(type) || type == DType::F32 || type == DType::F16 || type == DType::BF16;
@@ -1056,6 +1600,7 @@ void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* 
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
   const int rpb = kThreads / ts;
   const int64_t row_blocks = (gate.out + rpb - 1) / rpb;
+  if (n == 1 && resident_swiglu(g, u, x, gate.in, y, workspace, stream)) return;
   const Acts a = prepare_acts(x, n, gate.in, is_quantised(gate.dtype) || is_quantised(up.dtype),
                               workspace, stream);
   if (is_quantised(gate.dtype) && staged_swiglu(g, u, y, n, a, stream)) return;
@@ -1077,6 +1622,7 @@ void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, in
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
   const int rpb = kThreads / ts;
   const int64_t n_pairs = n * k;
+  if (n == 1 && resident_experts_swiglu(g, u, ids, k, x, gate.in, y, workspace, stream)) return;
   const Acts a = prepare_acts(x, n, gate.in, is_quantised(gate.dtype) || is_quantised(up.dtype),
                               workspace, stream);
   if (is_quantised(gate.dtype) && staged_experts_swiglu(g, u, ids, k, y, n_pairs, a, stream))
@@ -1133,12 +1679,20 @@ void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* ou
     QWENRT_EMBED_CASE(Q4_K, QuantElem<qb::Q4K>)
     QWENRT_EMBED_CASE(Q5_K, QuantElem<qb::Q5K>)
     QWENRT_EMBED_CASE(Q6_K, QuantElem<qb::Q6K>)
-    QWENRT_EMBED_CASE(Q8_0, QuantElem<qb::Q80>)
-    QWENRT_EMBED_CASE(Q4_0, QuantElem<qb::Q40>)
-    QWENRT_EMBED_CASE(IQ4_XS, QuantElem<qb::IQ4XS>)
-    QWENRT_EMBED_CASE(F32, F32W)
-    QWENRT_EMBED_CASE(F16, F16W)
-    QWENRT_EMBED_CASE(BF16, BF16W)
+    case DType::Q8_0:
+      if (table.q8_superblocks) {
+        embed_kernel<QuantElem<qb::Q80S>><<<grid, kEmbedThreads, 0, stream>>>(
+            data, table.row_bytes, table.out, table.in, tokens, n, out);
+      } else {
+        embed_kernel<QuantElem<qb::Q80>><<<grid, kEmbedThreads, 0, stream>>>(
+            data, table.row_bytes, table.out, table.in, tokens, n, out);
+      }
+      break;
+      QWENRT_EMBED_CASE(Q4_0, QuantElem<qb::Q40>)
+      QWENRT_EMBED_CASE(IQ4_XS, QuantElem<qb::IQ4XS>)
+      QWENRT_EMBED_CASE(F32, F32W)
+      QWENRT_EMBED_CASE(F16, F16W)
+      QWENRT_EMBED_CASE(BF16, BF16W)
 #undef QWENRT_EMBED_CASE
     default:
       break;

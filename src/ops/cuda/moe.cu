@@ -8,6 +8,7 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace qwenrt::ops::cuda {
 namespace {
@@ -48,6 +49,7 @@ __device__ void block_argmax(double& v, int& i, double* s_v, int* s_i) {
 // stable sort), renormalised over the chosen with the reference's floor.
 __global__ void route_kernel(const float* logits, int n_expert, int k, int32_t* ids,
                              float* weights) {
+  pdl_launch_dependents();
   extern __shared__ double s_p[];  // [n_expert]
   __shared__ double s_v[kRouteThreads / 32];
   __shared__ int s_i[kRouteThreads / 32];
@@ -114,6 +116,7 @@ __global__ void route_warp_kernel(const float* __restrict__ logits, int64_t n, i
                                   int32_t* __restrict__ ids, float* __restrict__ weights,
                                   const float* __restrict__ x, const float* __restrict__ gate_inp,
                                   int64_t dim, float* __restrict__ shared_scale) {
+  pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   if (row >= n) return;
@@ -188,6 +191,7 @@ __global__ void route_warp_kernel(const float* __restrict__ logits, int64_t n, i
 __global__ void combine_kernel(const float4* __restrict__ routed, const float4* __restrict__ shared,
                                const float* __restrict__ scale, float4* __restrict__ out,
                                int64_t dim4, int64_t total4) {
+  pdl_launch_dependents();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= total4) return;
   const float s = scale[i / dim4];
@@ -200,6 +204,7 @@ __global__ void combine_scalar_kernel(const float* __restrict__ routed,
                                       const float* __restrict__ shared,
                                       const float* __restrict__ scale, float* __restrict__ out,
                                       int64_t dim, int64_t total) {
+  pdl_launch_dependents();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= total) return;
   out[i] = routed[i] + scale[i / dim] * shared[i];
@@ -211,6 +216,7 @@ __global__ void combine_pairs_kernel(const float* __restrict__ pairs,
                                      const float* __restrict__ shared,
                                      const float* __restrict__ scale, float* __restrict__ out,
                                      int64_t dim, int64_t total) {
+  pdl_launch_dependents();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int64_t r = i / dim, c = i % dim;

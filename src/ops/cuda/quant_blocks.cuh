@@ -106,6 +106,38 @@ __device__ __forceinline__ float k4_finish(const int4& hdr, int u, const uint32_
          xd[j1] * (d * float(sc1 * dot1) - dmin * float(m1 * sum1));
 }
 
+// The resident GEMV's form of k4_finish: the unit's activations in registers (a[k]: the 16
+// int8 values of half-block k, xd[k] its scale, xs[k] = xd[k] * sum(a[k]), computed once per
+// kernel), so a row costs the eight weight dot products and the scale decode only.
+__device__ __forceinline__ float k4_finish_regs(const int4& hdr, int u, const uint32_t (&lo)[4],
+                                                const uint32_t (&hi)[4], const int4 (&a)[2],
+                                                const float (&xd)[2], const float (&xs)[2]) {
+  const int j0 = 2 * (u >> 1), j1 = j0 + 1;
+  int dot0 = 0, dot1 = 0;
+  dot0 = dot4(lo[0], a[0].x, dot0);
+  dot0 = dot4(lo[1], a[0].y, dot0);
+  dot0 = dot4(lo[2], a[0].z, dot0);
+  dot0 = dot4(lo[3], a[0].w, dot0);
+  dot1 = dot4(hi[0], a[1].x, dot1);
+  dot1 = dot4(hi[1], a[1].y, dot1);
+  dot1 = dot4(hi[2], a[1].z, dot1);
+  dot1 = dot4(hi[3], a[1].w, dot1);
+  const uint32_t dd = static_cast<uint32_t>(hdr.x);
+  const float d = half_bits_to_float(dd & 0xffff), dmin = half_bits_to_float(dd >> 16);
+  int sc0, m0, sc1, m1;
+  k4_scale_min(hdr, j0, sc0, m0);
+  k4_scale_min(hdr, j1, sc1, m1);
+  return d * (xd[0] * float(sc0 * dot0) + xd[1] * float(sc1 * dot1)) -
+         dmin * (float(m0) * xs[0] + float(m1) * xs[1]);
+}
+
+// ---- Resident-activation form (matmul.cu's resident GEMV) ----------------------------------
+// A type with kElems = 256 and kUnits = 8 also gives, for its unit j, the element offsets
+// act_offset(j, k) in the block of its two 16-element activation halves k = 0, 1, and
+// dot_regs(): its dot product against them held in registers. kPairedHalves: the other half of
+// each 32-element activation block belongs to unit j ^ 1 (Q4_K, Q5_K); otherwise both halves of
+// one 32-block are the unit's own (IQ4_XS, Q8_0 superblocks).
+
 // Q4_K (144 bytes, 16-byte aligned in a row of them): header 16 bytes, qs 128 bytes. Element l of
 // sub-block j is nibble j % 2 of qs[32 (j / 2) + l].
 struct Q4K {
@@ -126,6 +158,21 @@ struct Q4K {
       hi[i] = (q[i] >> 4) & 0x0f0f0f0f;
     }
     return k4_finish(w.hdr, u, lo, hi, xq, xd);
+  }
+  static constexpr bool kPairedHalves = true;
+  static __device__ __forceinline__ int act_offset(int u, int k) {
+    return 32 * (2 * (u >> 1) + k) + 16 * (u & 1);
+  }
+  static __device__ __forceinline__ float dot_regs(const Unit& w, int u, const int4 (&a)[2],
+                                                   const float (&xd)[2], const float (&xs)[2]) {
+    const uint32_t q[4] = {uint32_t(w.q.x), uint32_t(w.q.y), uint32_t(w.q.z), uint32_t(w.q.w)};
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = q[i] & 0x0f0f0f0f;
+      hi[i] = (q[i] >> 4) & 0x0f0f0f0f;
+    }
+    return k4_finish_regs(w.hdr, u, lo, hi, a, xd, xs);
   }
 };
 
@@ -151,6 +198,23 @@ struct Q5K {
       hi[i] = ((q[i] >> 4) & 0x0f0f0f0f) | (((qh[i] >> j1) & 0x01010101) << 4);
     }
     return k4_finish(w.hdr, u, lo, hi, xq, xd);
+  }
+  static constexpr bool kPairedHalves = true;
+  static __device__ __forceinline__ int act_offset(int u, int k) {
+    return Q4K::act_offset(u, k);
+  }
+  static __device__ __forceinline__ float dot_regs(const Unit& w, int u, const int4 (&a)[2],
+                                                   const float (&xd)[2], const float (&xs)[2]) {
+    const int j0 = 2 * (u >> 1), j1 = j0 + 1;
+    const uint32_t q[4] = {uint32_t(w.q.x), uint32_t(w.q.y), uint32_t(w.q.z), uint32_t(w.q.w)};
+    const uint32_t qh[4] = {uint32_t(w.qh.x), uint32_t(w.qh.y), uint32_t(w.qh.z), uint32_t(w.qh.w)};
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = (q[i] & 0x0f0f0f0f) | (((qh[i] >> j0) & 0x01010101) << 4);
+      hi[i] = ((q[i] >> 4) & 0x0f0f0f0f) | (((qh[i] >> j1) & 0x01010101) << 4);
+    }
+    return k4_finish_regs(w.hdr, u, lo, hi, a, xd, xs);
   }
 };
 
@@ -230,6 +294,45 @@ struct Q80 {
   }
 };
 
+// Q8_0 repacked at load (cuda_ops.cpp places every Q8_0 matrix whose rows are whole superblocks
+// this way; repack_q8_0_superblocks): each run of eight GGUF blocks (256 elements, 272 bytes)
+// becomes their eight fp16 scales (16 bytes), then their eight 32-byte quant arrays, so a row of
+// superblocks is 16-byte aligned throughout (GGUF's 34-byte blocks are only 2-byte aligned). The
+// same bytes and values, only moved. Unit u = GGUF block u of the superblock.
+struct Q80S {
+  static constexpr int kElems = 256, kBytes = 272, kUnits = 8;
+  struct Unit {
+    int4 q0, q1;
+    float d;
+  };
+  static __device__ __forceinline__ Unit load(const uint8_t* blk, int u) {
+    return {load16(blk + 16 + 32 * u), load16(blk + 32 + 32 * u),
+            half_bits_to_float(load2(blk + 2 * u))};
+  }
+  static __device__ __forceinline__ int block_dot(const Unit& w, const int4& a0, const int4& a1) {
+    int acc = 0;
+    acc = dot4(uint32_t(w.q0.x), a0.x, acc);
+    acc = dot4(uint32_t(w.q0.y), a0.y, acc);
+    acc = dot4(uint32_t(w.q0.z), a0.z, acc);
+    acc = dot4(uint32_t(w.q0.w), a0.w, acc);
+    acc = dot4(uint32_t(w.q1.x), a1.x, acc);
+    acc = dot4(uint32_t(w.q1.y), a1.y, acc);
+    acc = dot4(uint32_t(w.q1.z), a1.z, acc);
+    acc = dot4(uint32_t(w.q1.w), a1.w, acc);
+    return acc;
+  }
+  static __device__ __forceinline__ float dot(const Unit& w, int u, const int8_t* xq,
+                                              const float* xd) {
+    return w.d * xd[u] * float(block_dot(w, act16(xq + 32 * u), act16(xq + 32 * u + 16)));
+  }
+  static constexpr bool kPairedHalves = false;
+  static __device__ __forceinline__ int act_offset(int u, int k) { return 32 * u + 16 * k; }
+  static __device__ __forceinline__ float dot_regs(const Unit& w, int, const int4 (&a)[2],
+                                                   const float (&xd)[2], const float (&)[2]) {
+    return w.d * xd[0] * float(block_dot(w, a[0], a[1]));
+  }
+};
+
 // Q4_0 (18 bytes, 2-byte aligned): d, 16 bytes; element j < 16 is the low nibble of qs[j],
 // j + 16 the high nibble, x = d (level - 8). One unit per block.
 struct Q40 {
@@ -303,6 +406,24 @@ struct IQ4XS {
     const float d = half_bits_to_float(w.hdr.x & 0xffff);
     return d * float(ls - 32) * xd[u] * float(acc);
   }
+  static constexpr bool kPairedHalves = false;
+  static __device__ __forceinline__ int act_offset(int u, int k) {
+    return 32 * u + 16 * k;
+  }
+  static __device__ __forceinline__ float dot_regs(const Unit& w, int u, const int4 (&a)[2],
+                                                   const float (&xd)[2], const float (&)[2]) {
+    const uint32_t q[4] = {w.q0.x, w.q0.y, w.q1.x, w.q1.y};
+    const int av0[4] = {a[0].x, a[0].y, a[0].z, a[0].w}, av1[4] = {a[1].x, a[1].y, a[1].z, a[1].w};
+    int acc = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc = dot4(iq4_lookup(q[i] & 0x0f0f0f0f), av0[i], acc);
+      acc = dot4(iq4_lookup((q[i] >> 4) & 0x0f0f0f0f), av1[i], acc);
+    }
+    const uint32_t scales_h = w.hdr.x >> 16, scales_l = w.hdr.y;
+    const int ls = ((scales_l >> (4 * u)) & 0x0f) | (((scales_h >> (2 * u)) & 3) << 4);
+    return half_bits_to_float(w.hdr.x & 0xffff) * float(ls - 32) * xd[0] * float(acc);
+  }
 };
 
 // ---- Element-wise dequantisation (embed_rows): element i of a row ---------------------------
@@ -347,6 +468,13 @@ template <>
 __device__ inline float dequant_element<Q80>(const uint8_t* row, int64_t i) {
   const uint8_t* b = row + (i / 32) * Q80::kBytes;
   return half_bits_to_float(load2(b)) * float(reinterpret_cast<const int8_t*>(b + 2)[i % 32]);
+}
+template <>
+__device__ inline float dequant_element<Q80S>(const uint8_t* row, int64_t i) {
+  const uint8_t* b = row + (i / 256) * Q80S::kBytes;
+  const int e = int(i % 256);
+  return half_bits_to_float(load2(b + 2 * (e / 32))) *
+         float(reinterpret_cast<const int8_t*>(b + 16)[e]);
 }
 template <>
 __device__ inline float dequant_element<Q40>(const uint8_t* row, int64_t i) {

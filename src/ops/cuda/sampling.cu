@@ -31,6 +31,7 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace qwenrt::ops::cuda {
 namespace {
@@ -459,6 +460,7 @@ __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, int64_t n, const DeviceSamplingRow* rows,
                   const int32_t* bias_ids, const float* bias_values, const int32_t* history,
                   SampledToken* out, double* workspace) {
+  pdl_launch_dependents();
   __shared__ RowShared s;
   const int tid = threadIdx.x;
   const int64_t r = blockIdx.x;
@@ -598,6 +600,7 @@ struct GreedyPart {
 __global__ void __launch_bounds__(kGreedyThreads)
     greedy_parts_kernel(const float* __restrict__ logits, int64_t n,
                         GreedyPart* __restrict__ parts) {
+  pdl_launch_dependents();
   __shared__ float s_max[kGreedyThreads / 32];
   __shared__ int32_t s_id[kGreedyThreads / 32];
   __shared__ float s_sum[kGreedyThreads / 32];
@@ -645,6 +648,7 @@ __global__ void __launch_bounds__(kGreedyThreads)
 __global__ void greedy_combine_kernel(const float* __restrict__ logits, int64_t n,
                                       const GreedyPart* __restrict__ parts,
                                       SampledToken* __restrict__ out) {
+  pdl_launch_dependents();
   const int64_t row = blockIdx.x;
   if (threadIdx.x != 0) return;
   const GreedyPart* p = parts + row * kGreedySlices;
