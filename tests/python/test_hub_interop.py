@@ -67,6 +67,8 @@ def main():
     os.environ.update({"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": hf_cache,
                        "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1",
                        "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    for name in ("no_proxy", "NO_PROXY"):  # loopback never through a proxy
+        os.environ[name] = ",".join(filter(None, ["127.0.0.1,localhost", os.environ.get(name)]))
     os.environ.pop("HF_TOKEN", None)
     os.environ.pop("HF_HUB_OFFLINE", None)
     import huggingface_hub

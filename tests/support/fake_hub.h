@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -35,6 +36,12 @@ inline std::string test_python() {
 class FakeHub {
  public:
   explicit FakeHub(const nlohmann::json& config) {
+    // Loopback never through a proxy a CI machine may set (libcurl and the binary read these).
+    for (const char* name : {"no_proxy", "NO_PROXY"}) {
+      const char* old = std::getenv(name);
+      setenv(name,
+             (std::string("127.0.0.1,localhost") + (old ? "," + std::string(old) : "")).c_str(), 1);
+    }
     static int instances = 0;
     dir_ = temp_path("fakehub." + std::to_string(instances++));
     std::filesystem::create_directories(dir_);
