@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "hub/cache.h"
 #include "hub/model_ref.h"
+#include "hub/progress.h"
 
 namespace qwenrt::cli {
 namespace {
@@ -34,13 +35,6 @@ int run_pull(const PullOptions& opt) {
     std::puts(sidecar->path.c_str());
   }
   return 0;
-}
-
-std::string human(uint64_t n) {
-  if (n >= (1ull << 30)) return fmt::format("{:.2f} GiB", n / double(1ull << 30));
-  if (n >= (1ull << 20)) return fmt::format("{:.1f} MiB", n / double(1ull << 20));
-  if (n >= (1ull << 10)) return fmt::format("{:.1f} KiB", n / double(1ull << 10));
-  return fmt::format("{} B", n);
 }
 
 // What to pass to -m for a cached file: the official name where it is one.
@@ -82,15 +76,15 @@ int run_ls(bool json) {
   for (const auto& f : listing.files) {
     std::string refs;
     for (const auto& r : f.refs) refs += (refs.empty() ? "" : ",") + r;
-    fmt::print("{:<{}}  {:>10}  {:<12}  {}\n", model_name(f), width, human(f.size),
+    fmt::print("{:<{}}  {:>10}  {:<12}  {}\n", model_name(f), width, hub::human_size(f.size),
                f.commit.substr(0, 12), refs.empty() ? "-" : refs);
     total += f.size;
   }
   fmt::print("{} GGUF file{}, {} in {}\n", listing.files.size(),
-             listing.files.size() == 1 ? "" : "s", human(total), hub.cache_dir);
+             listing.files.size() == 1 ? "" : "s", hub::human_size(total), hub.cache_dir);
   if (listing.partial_count > 0)
     fmt::print("{} partial download{} ({}), resumed by the next pull\n", listing.partial_count,
-               listing.partial_count == 1 ? "" : "s", human(listing.partial_bytes));
+               listing.partial_count == 1 ? "" : "s", hub::human_size(listing.partial_bytes));
   return 0;
 }
 

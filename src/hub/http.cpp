@@ -14,6 +14,8 @@
 #include <memory>
 #include <thread>
 
+#include "hub/progress.h"
+
 namespace qwenrt::hub {
 namespace fs = std::filesystem;
 namespace {
@@ -136,7 +138,6 @@ struct Sink {
   uint64_t offset = 0;   // bytes in the file when the attempt started
   uint64_t written = 0;  // bytes this attempt
   bool decided = false;  // whether the answer's status was looked at
-  bool restart = false;  // the server ignored Range: the file was emptied
   bool error_body = false;
   long status = 0;
   std::string body;  // of an error answer
@@ -156,7 +157,7 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
     if (sink->status >= 400) {
       sink->error_body = true;
     } else if (sink->status == 200 && sink->offset > 0) {
-      sink->restart = true;  // a whole answer to a Range request: start the file again
+      // A whole answer to a Range request: start the file again.
       if (ftruncate(fileno(sink->file), 0) != 0 || std::fseek(sink->file, 0, SEEK_SET) != 0) {
         sink->write_errno = errno;
         return 0;
@@ -195,13 +196,6 @@ bool retryable(CURLcode code) {
     default:
       return false;
   }
-}
-
-std::string human(uint64_t n) {
-  if (n >= (1ull << 30)) return fmt::format("{:.2f} GiB", n / double(1ull << 30));
-  if (n >= (1ull << 20)) return fmt::format("{:.1f} MiB", n / double(1ull << 20));
-  if (n >= (1ull << 10)) return fmt::format("{:.1f} KiB", n / double(1ull << 10));
-  return fmt::format("{} B", n);
 }
 
 }  // namespace
@@ -300,7 +294,7 @@ void download(const DownloadSpec& spec, const DownloadOptions& options) {
     const uint64_t free_bytes = uint64_t(vfs.f_bavail) * vfs.f_frsize;
     if (free_bytes + already < spec.size)
       fail("{}: not enough disk space: {} more needed, {} free in {}", spec.label,
-           human(spec.size - std::min(already, spec.size)), human(free_bytes), folder);
+           human_size(spec.size - std::min(already, spec.size)), human_size(free_bytes), folder);
   }
 
   std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "ab+"), &std::fclose);

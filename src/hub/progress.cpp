@@ -28,6 +28,13 @@ std::string label_of(const std::string& label) {
 
 }  // namespace
 
+std::string human_size(uint64_t n) {
+  if (n >= (1ull << 30)) return fmt::format("{:.2f} GiB", n / double(1ull << 30));
+  if (n >= (1ull << 20)) return fmt::format("{:.1f} MiB", n / double(1ull << 20));
+  if (n >= (1ull << 10)) return fmt::format("{:.1f} KiB", n / double(1ull << 10));
+  return fmt::format("{} B", n);
+}
+
 std::string format_progress(const Progress& p, int bar_width) {
   const double frac = p.total == 0 ? 1.0 : std::min(1.0, double(p.done) / double(p.total));
   const int filled = static_cast<int>(frac * bar_width);

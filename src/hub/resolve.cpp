@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "hub/cache.h"
+#include "hub/progress.h"
 
 namespace qwenrt::hub {
 namespace fs = std::filesystem;
@@ -39,12 +40,6 @@ bool is_hex(const std::string& s, size_t n) {
   return s.size() == n && std::all_of(s.begin(), s.end(), [](char c) {
            return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
          });
-}
-
-std::string human(uint64_t n) {
-  if (n >= (1ull << 30)) return fmt::format("{:.2f} GiB", n / double(1ull << 30));
-  if (n >= (1ull << 20)) return fmt::format("{:.1f} MiB", n / double(1ull << 20));
-  return fmt::format("{} bytes", n);
 }
 
 struct FileMetadata {
@@ -253,10 +248,10 @@ Resolved resolve_file(const std::string& asked, const std::string& repo,
       if (o.notice) {
         const uint64_t have =
             fs::is_regular_file(incomplete, ec) ? fs::file_size(incomplete, ec) : 0;
-        o.notice(have > 0 ? fmt::format("resuming {}/{} at {} of {}", repo, file, human(have),
-                                        human(meta.size))
+        o.notice(have > 0 ? fmt::format("resuming {}/{} at {} of {}", repo, file, human_size(have),
+                                        human_size(meta.size))
                           : fmt::format("downloading {}/{} ({}) into {}", repo, file,
-                                        human(meta.size), o.cache_dir));
+                                        human_size(meta.size), o.cache_dir));
       }
       DownloadSpec spec{
           .url = meta.location,
