@@ -194,6 +194,12 @@ TEST(HubEnv, OptionsFromEnvironment) {
   EXPECT_FALSE(o.offline);
   EXPECT_EQ(hub::hub_options(env_of({{"HOME", "/h"}})).endpoint, "https://huggingface.co");
   EXPECT_TRUE(hub::hub_options(env_of({{"HOME", "/h"}, {"HF_HUB_OFFLINE", "true"}})).offline);
+  o = hub::hub_options(
+      env_of({{"HOME", "/h"}, {"HF_HUB_ETAG_TIMEOUT", "3"}, {"HF_HUB_DOWNLOAD_TIMEOUT", "7.5"}}));
+  EXPECT_EQ(o.connect_timeout_s, 3);
+  EXPECT_EQ(o.stall_timeout_s, 8);
+  EXPECT_EQ(hub::hub_options(env_of({{"HOME", "/h"}})).stall_timeout_s, 30);
+  EXPECT_THROW(hub::hub_options(env_of({{"HOME", "/h"}, {"HF_HUB_ETAG_TIMEOUT", "soon"}})), Error);
 }
 
 // ---- names ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -50,7 +51,9 @@ struct FileMetadata {
 };
 
 HttpOptions http_options(const HubOptions& o) {
-  return {.token = o.token, .connect_timeout_s = o.connect_timeout_s};
+  return {.token = o.token,
+          .connect_timeout_s = o.connect_timeout_s,
+          .low_speed_timeout_s = o.stall_timeout_s};
 }
 
 // The one-line error for an HTTP error answer about `what` (repo, or repo/file).
@@ -286,6 +289,19 @@ HubOptions hub_options(const Env& env) {
   while (!o.endpoint.empty() && o.endpoint.back() == '/') o.endpoint.pop_back();
   o.token = access_token(env);
   o.offline = env_flag(env, "HF_HUB_OFFLINE");
+  auto seconds = [&](const char* name, long fallback) {
+    const auto text = env(name);
+    if (!text) return fallback;
+    try {
+      size_t used = 0;
+      const double s = std::stod(*text, &used);
+      if (used == text->size() && s > 0 && s < 1e6) return std::max(1L, std::lround(s));
+    } catch (const std::exception&) {
+    }
+    fail("{}={}: expected a number of seconds", name, *text);
+  };
+  o.connect_timeout_s = seconds("HF_HUB_ETAG_TIMEOUT", o.connect_timeout_s);
+  o.stall_timeout_s = seconds("HF_HUB_DOWNLOAD_TIMEOUT", o.stall_timeout_s);
   return o;
 }
 

@@ -29,13 +29,15 @@ struct HubOptions {
   bool offline = false;              // HF_HUB_OFFLINE: cache only, no request at all
   int retries = 3;                   // download attempts after the first, each resuming
   double retry_delay_s = 1.0;
-  long connect_timeout_s = 10;
-  ProgressFn progress;                             // download progress, or none
+  long connect_timeout_s = 10;  // HF_HUB_ETAG_TIMEOUT, as huggingface_hub's metadata timeout
+  long stall_timeout_s = 30;    // HF_HUB_DOWNLOAD_TIMEOUT: a transfer moving no byte this long
+  ProgressFn progress;          // download progress, or none
   std::function<void(const std::string&)> notice;  // one-line notes (downloading, fallbacks)
 };
 
 // From the environment: cache_dir(env), llama_cpp_cache_dir(env), QWENRT_HF_ENDPOINT then
-// HF_ENDPOINT (default https://huggingface.co), access_token(env), HF_HUB_OFFLINE.
+// HF_ENDPOINT (default https://huggingface.co), access_token(env), HF_HUB_OFFLINE,
+// HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT (seconds; a malformed value is an error naming it).
 HubOptions hub_options(const Env& env);
 
 struct Resolved {
