@@ -396,7 +396,6 @@ void download(const DownloadSpec& spec, const DownloadOptions& options) {
     if (code != CURLE_OK) last_error = curl_message(code, detail);
     if (have > spec.size) break;
   }
-  report(have, true);
   if (have != spec.size) {
     if (have > spec.size) {
       file.reset();
@@ -408,6 +407,7 @@ void download(const DownloadSpec& spec, const DownloadOptions& options) {
          spec.label, have, spec.size, options.retries + 1,
          last_error.empty() ? "no more data" : last_error);
   }
+  report(have, true);  // only a whole file ends the progress line
   file.reset();
   const std::string got = sha256.final_hex();
   if (!spec.sha256.empty() && got != spec.sha256) {
