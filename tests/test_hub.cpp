@@ -429,8 +429,11 @@ TEST_F(HubTest, ResumesAfterACutConnection) {
   hub_->set_config(config);
   const std::string etag = sha256_of(kTinyModel);
   const std::string blobs = repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/blobs/";
+  std::vector<hub::Progress> events;
+  auto o = options();
+  o.progress = [&](const hub::Progress& p) { events.push_back(p); };
   try {
-    resolve("Qwen3.6-27B:Q8_0", options());
+    resolve("Qwen3.6-27B:Q8_0", o);
     FAIL() << "a cut connection without retries must fail";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("run again to resume"), std::string::npos) << e.what();
@@ -441,17 +444,27 @@ TEST_F(HubTest, ResumesAfterACutConnection) {
   EXPECT_TRUE(listing.files.empty());
   EXPECT_EQ(listing.partial_count, 1);
   EXPECT_EQ(listing.partial_bytes, 1u << 20);
+  // The progress line was ended as failed, never as finished.
+  ASSERT_FALSE(events.empty());
+  EXPECT_TRUE(events.back().failed);
+  EXPECT_EQ(events.back().done, 1u << 20);
+  EXPECT_TRUE(std::none_of(events.begin(), events.end(), [](auto& p) { return p.finished; }));
   EXPECT_FALSE(fs::exists(blobs + etag));
   EXPECT_FALSE(fs::exists(repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/snapshots/" + kCommit +
                           "/Qwen3.6-27B-Q8_0.gguf"));
 
   hub_->clear_log();
-  const auto r = resolve("Qwen3.6-27B:Q8_0", options());
+  events.clear();
+  const auto r = resolve("Qwen3.6-27B:Q8_0", o);
   EXPECT_TRUE(r.downloaded);
   EXPECT_EQ(read_all(r.path), read_all(kTinyModel));
   const auto cdn = requests("cdn", "GET");
   ASSERT_EQ(cdn.size(), 1u);
   EXPECT_EQ(cdn[0]["range"], "bytes=1048576-");
+  ASSERT_FALSE(events.empty());
+  EXPECT_TRUE(events.back().finished);
+  EXPECT_EQ(events.back().resumed, 1u << 20);
+  EXPECT_EQ(events.back().done, fs::file_size(kTinyModel));
   EXPECT_FALSE(fs::exists(blobs + etag + ".incomplete"));
 }
 

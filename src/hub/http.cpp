@@ -328,18 +328,27 @@ void download(const DownloadSpec& spec, const DownloadOptions& options) {
   const uint64_t resumed = have;
   const auto start = Clock::now();
   auto last_report = Clock::now() - std::chrono::seconds(1);
-  auto report = [&](uint64_t done, bool finished) {
-    if (!options.progress) return;
+  bool drawn = false, ended = false;
+  auto report = [&](uint64_t done, bool finished, bool failed = false) {
+    if (!options.progress || ended || (failed && !drawn)) return;
     const auto now = Clock::now();
-    if (!finished && now - last_report < std::chrono::milliseconds(100)) return;
+    if (!finished && !failed && now - last_report < std::chrono::milliseconds(100)) return;
     last_report = now;
+    drawn = true;
+    ended = finished || failed;
     options.progress({.label = spec.label,
                       .done = done,
                       .total = spec.size,
                       .resumed = resumed,
                       .seconds = std::chrono::duration<double>(now - start).count(),
-                      .finished = finished});
+                      .finished = finished,
+                      .failed = failed});
   };
+  // Whatever way this function is left early, a drawn progress line is ended before the error.
+  struct EndProgress {
+    std::function<void()> end;
+    ~EndProgress() { end(); }
+  } end_progress{[&] { report(have, false, true); }};
 
   std::string last_error;
   double delay = options.retry_delay_s;

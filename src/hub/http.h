@@ -44,12 +44,13 @@ std::string url_origin(const std::string& url);
 std::string resolve_location(const std::string& base, const std::string& location);
 
 struct Progress {
-  std::string label;     // what is being downloaded
-  uint64_t done = 0;     // bytes in the file so far (resumed bytes included)
-  uint64_t total = 0;    // bytes expected
-  uint64_t resumed = 0;  // bytes that were already there when this run started
-  double seconds = 0;    // since this run started
-  bool finished = false;
+  std::string label;      // what is being downloaded
+  uint64_t done = 0;      // bytes in the file so far (resumed bytes included)
+  uint64_t total = 0;     // bytes expected
+  uint64_t resumed = 0;   // bytes that were already there when this run started
+  double seconds = 0;     // since this run started
+  bool finished = false;  // the whole file is there
+  bool failed = false;    // the download stopped early (an error follows)
 };
 using ProgressFn = std::function<void(const Progress&)>;
 

@@ -55,7 +55,9 @@ std::string format_progress(const Progress& p, int bar_width) {
 ProgressFn stderr_progress() {
   const bool tty = isatty(STDERR_FILENO) != 0;
   return [tty](const Progress& p) {
-    if (tty) {
+    if (p.failed) {
+      if (tty) fmt::print(stderr, "\n");  // keep the line where it stopped; the error follows
+    } else if (tty) {
       fmt::print(stderr, "\r{}\x1b[K{}", format_progress(p), p.finished ? "\n" : "");
     } else if (p.finished) {
       fmt::print(stderr, "{}\n", format_progress(p));
