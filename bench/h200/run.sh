@@ -489,6 +489,8 @@ run_kld() {
   shown="${shown//"${QWENRT}"/qwenrt}"
   shown="${shown//"${LB_BIN}/"/}"
   shown="${shown//"${REPO}/"/}"
+  # The results folder as the device tool names it, not as this machine's path.
+  [[ -n "${OUT:-}" && "${RESULTS}" == "${OUT}" ]] && shown="${shown//"RESULTS=${RESULTS}"/RESULTS=\$OUT}"
   echo "${shown}" > "${WORK}/kld/cmd.txt"
   log "KLD (stopped after ${left} s): ${shown}"
   rm -rf "${KLD_DIR}"
