@@ -3,10 +3,13 @@
 // embedding lookup.
 //
 // Design (batch-1 decode is a stream over the weights, so everything is a GEMV):
-// - Quantised weights: x is quantised once per input to int8 blocks of 32 with an fp32 scale
-//   (quantize_q8_kernel, its own launch) and dotted against the weight blocks with dp4a
-//   (quant_blocks.cuh). F32 / F16 / BF16 weights read x in fp32.
-// - A GEMV block is 128 threads split into teams of ts = 16..128 threads, one output row per team
+// - Quantised weights: x is quantised to int8 blocks of 32 with an fp32 scale and dotted against
+//   the weight blocks with dp4a (quant_blocks.cuh). F32 / F16 / BF16 weights read x in fp32.
+// - Each launcher tries, in order: the resident GEMV (gemv_resident.cu; one row of x, quantised
+//   inside the kernel), the staged GEMV (gemv_staged.cu; n <= 8 rows quantised here first by
+//   quantize_q8_kernel), then the team kernels of this file, which take every case.
+// - A team GEMV block is 128 threads split into teams of ts = 16..128 threads, one output row per
+// team
 //   (rows_per_block = 128 / ts, chosen from the row length so every thread has a few 16-byte
 //   units to load); a team's threads take consecutive units of its row, two loads in flight each,
 //   then reduce with shuffles (and shared memory across warps). Every activation row of the pass
@@ -30,31 +33,18 @@
 #include "core/dtype.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 
 namespace qwenrt::ops::cuda {
+using namespace mm;
 namespace {
 
 constexpr int kThreads = 128;  // threads per GEMV block (4 warps)
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 8;  // activation rows per pass over the weights
-constexpr int kMaxJobs = 8;  // matrices of one matmul_group launch
 constexpr int kMaxGridY = 65535;
-
-bool is_quantised(DType t) {
-  switch (t) {
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::Q6_K:
-    case DType::Q8_0:
-    case DType::Q4_0:
-    case DType::IQ4_XS:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // Call errors go through cuda_fail (check.h: .cu files cannot use fmt), with the message built
 // here: each "{}" of `format` becomes the next argument.
@@ -91,10 +81,6 @@ template <class... Args>
 
 int64_t align256(int64_t bytes) {
   return (bytes + 255) / 256 * 256;
-}
-
-bool aligned(const void* p, int64_t a) {
-  return reinterpret_cast<uintptr_t>(p) % a == 0;
 }
 
 // ---- Float weights ----------------------------------------------------------------------------
@@ -139,31 +125,6 @@ struct BF16W {
       f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
   }
-};
-
-// ---- What the kernels read ----------------------------------------------------------------------
-// The activations of a pass: row r's int8 values at q + r * in, scales at d + r * in / 32, and the
-// fp32 row at x + r * in (float weights use x; quantised ones q and d).
-struct Acts {
-  const int8_t* q;
-  const float* d;
-  const float* x;
-  int64_t in;
-};
-__host__ __device__ inline Acts shift_rows(Acts a, int64_t rows) {
-  a.q = a.q ? a.q + rows * a.in : nullptr;
-  a.d = a.d ? a.d + rows * (a.in / qb::kActBlock) : nullptr;
-  a.x = a.x ? a.x + rows * a.in : nullptr;
-  return a;
-}
-
-// A weight matrix as a kernel reads it; vec: float rows may be read 16 bytes at a time.
-struct MatArg {
-  const uint8_t* data;
-  int64_t row_bytes, expert_bytes, out, n_expert;
-  DType dtype;
-  bool vec;
-  bool q8s;  // Q8_0 in superblocks (qb::Q80S)
 };
 
 // Float rows are read 16 bytes at a time when every row and x row start 16-byte aligned.
@@ -356,10 +317,6 @@ __device__ __forceinline__ void team_sum(float (&v)[NV], int ts, float (&smem)[k
   }
 }
 
-__device__ __forceinline__ float silu(float x) {
-  return x / (1.0f + expf(-x));
-}
-
 // ---- Activation quantisation ----------------------------------------------------------------
 // One warp per block of 32: d = max|x| / 127, q = round(x / d). n_blocks = n * in / 32 (rows are
 // contiguous and in is a multiple of 32, so a flat index is row-major). A NaN input gives a NaN
@@ -395,39 +352,7 @@ QuantAct quant_act_at(void* workspace, int64_t rows, int64_t in) {
   return {base, reinterpret_cast<float*>(base + align256(rows * in))};
 }
 
-// Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
-// reads.
-Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* workspace,
-                  cudaStream_t stream) {
-  Acts a{nullptr, nullptr, x, in};
-  if (!needed || rows == 0) return a;
-  if (in % qb::kActBlock != 0) bad_call("matmul: in = {} is not a multiple of 32", in);
-  if (workspace == nullptr) bad_call("matmul: quantised weights need a workspace");
-  const QuantAct qa = quant_act_at(workspace, rows, in);
-  const int64_t n_blocks = rows * in / qb::kActBlock;
-  constexpr int kBlocksPerCta = 256 / 32;
-  const int64_t grid = (n_blocks + kBlocksPerCta - 1) / kBlocksPerCta;
-  quantize_q8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, n_blocks, qa.q, qa.d);
-  QWENRT_CUDA_CHECK_LAUNCH();
-  a.q = qa.q;
-  a.d = qa.d;
-  return a;
-}
-
 // ---- GEMV over a group of matrices --------------------------------------------------------------
-struct Job {
-  MatArg m;
-  float* y;             // [rows, y_stride]
-  int64_t y_stride;     // = m.out
-  int64_t first_block;  // the job's first row block
-};
-struct Group {
-  Job job[kMaxJobs];
-  int n_jobs;
-  int ts, rows_per_block;
-  int64_t n_chunks;  // passes of NR activation rows; block b is chunk b % n_chunks
-};
-
 template <int NR>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ Group g, Acts a) {
   pdl_launch_dependents();
@@ -587,874 +512,6 @@ void launch_swiglu(int nr, const MatArg& gate, const MatArg& up, float* y, int t
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
-// ---- Staged GEMV: the decode path (n <= 8) for quantised weights --------------------------------
-// One warp per output row. The row is read in tiles of 64 units (kStageUnits / T::kUnits blocks)
-// copied to shared memory with coalesced cp.async loads of 16, 8 or 4 bytes (GGUF blocks of 34 or
-// 210 bytes are only 2-byte aligned: read in place, every lane's loads would touch a different
-// sector), double-buffered so the next tile is in flight while this one is computed; each lane
-// then computes two units of the tile from shared memory with the type's dot product. Weights are
-// read once for all NR activation rows. The warp sums in a fixed order (deterministic).
-constexpr int kStageUnits = 64;
-constexpr int kStageWarps = 8;
-
-template <class T>
-constexpr int stage_blocks() {
-  return kStageUnits / T::kUnits;
-}
-// Bytes of one tile buffer (a multiple of 16, so every warp's pair of buffers stays aligned).
-template <class T>
-constexpr int stage_tile() {
-  return (stage_blocks<T>() * T::kBytes + 15) / 16 * 16;
-}
-
-// Copies `bytes` (even) from global src to shared dst: VEC-byte cp.async chunks by the warp, the
-// tail of bytes % VEC as 2-byte stores by lane 0.
-template <int VEC>
-__device__ __forceinline__ void stage_copy(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
-  const int n_vec = bytes / VEC;
-  for (int i = lane; i < n_vec; i += 32) {
-    const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst + i * VEC));
-    if constexpr (VEC == 16) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(src + i * VEC));
-    } else {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(saddr), "l"(src + i * VEC),
-                   "n"(VEC));
-    }
-  }
-  if (lane == 0) {
-    for (int b = n_vec * VEC; b < bytes; b += 2)
-      *reinterpret_cast<uint16_t*>(dst + b) = *reinterpret_cast<const uint16_t*>(src + b);
-  }
-}
-__device__ __forceinline__ void stage_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void stage_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// acc[r] += row . activation row r (rows x_stride activations apart), the whole row, by one warp.
-// buf: this warp's two tiles of shared memory.
-template <class T, int NR, int VEC>
-__device__ __forceinline__ void staged_row(const uint8_t* row, const Acts& a, int64_t x_stride,
-                                           uint8_t (*buf)[stage_tile<T>()], int lane,
-                                           float (&acc)[NR]) {
-  constexpr int kTb = stage_blocks<T>();
-  const int n_blocks = static_cast<int>(a.in / T::kElems);
-  const int n_tiles = (n_blocks + kTb - 1) / kTb;
-  auto tile_bytes = [&](int t) { return min(kTb, n_blocks - t * kTb) * T::kBytes; };
-  stage_copy<VEC>(buf[0], row, tile_bytes(0), lane);
-  stage_commit();
-  for (int t = 0; t < n_tiles; ++t) {
-    if (t + 1 < n_tiles) {
-      stage_copy<VEC>(buf[(t + 1) & 1], row + int64_t{t + 1} * kTb * T::kBytes, tile_bytes(t + 1),
-                      lane);
-      stage_commit();
-      stage_wait<1>();
-    } else {
-      stage_wait<0>();
-    }
-    __syncwarp();
-    const uint8_t* tile = buf[t & 1];
-    const int units = min(kTb, n_blocks - t * kTb) * T::kUnits;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int u = lane + 32 * h;
-      if (u < units) {
-        const int b = u / T::kUnits, j = u % T::kUnits;
-        const typename T::Unit w = T::load(tile + b * T::kBytes, j);
-        const int64_t e = int64_t{t * kTb + b} * T::kElems;
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-          const int64_t er = r * x_stride + e;
-          acc[r] += T::dot(w, j, a.q + er, a.d + er / qb::kActBlock);
-        }
-      }
-    }
-    __syncwarp();  // the tile is refilled two iterations on
-  }
-}
-
-template <int NV>
-__device__ __forceinline__ void warp_sum(float (&v)[NV]) {
-  for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-    for (int i = 0; i < NV; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
-  }
-}
-
-// matmul / matmul_group: warp w of the grid owns global row w; the job whose rows hold it.
-template <class T, int NR, int VEC>
-__global__ void __launch_bounds__(kStageWarps * 32)
-    staged_gemv_kernel(const __grid_constant__ Group g, int64_t total_rows, Acts a) {
-  pdl_launch_dependents();
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t grow = int64_t{blockIdx.x} * kStageWarps + warp;
-  if (grow >= total_rows) return;  // whole warps only: no block-level barrier below
-  int j = 0;
-  while (j + 1 < g.n_jobs && grow >= g.job[j + 1].first_block) ++j;  // first_block: first row
-  const Job& job = g.job[j];
-  const int64_t row = grow - job.first_block;
-  float acc[NR] = {};
-  staged_row<T, NR, VEC>(job.m.data + row * job.m.row_bytes, a, a.in, buf[warp], lane, acc);
-  warp_sum<NR>(acc);
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < NR; ++r) job.y[r * job.y_stride + row] = acc[r];
-  }
-}
-
-// y [NR, ff] = silu(x gate^T) * (x up^T).
-template <class T, int NR, int VEC>
-__global__ void __launch_bounds__(kStageWarps * 32)
-    staged_swiglu_kernel(MatArg gate, MatArg up, float* __restrict__ y, Acts a) {
-  pdl_launch_dependents();
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = int64_t{blockIdx.x} * kStageWarps + warp;
-  if (row >= gate.out) return;
-  float g[NR] = {}, u[NR] = {};
-  staged_row<T, NR, VEC>(gate.data + row * gate.row_bytes, a, a.in, buf[warp], lane, g);
-  staged_row<T, NR, VEC>(up.data + row * up.row_bytes, a, a.in, buf[warp], lane, u);
-  warp_sum<NR>(g);
-  warp_sum<NR>(u);
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < NR; ++r) y[r * gate.out + row] = silu(g[r]) * u[r];
-  }
-}
-
-// Routed experts' gate/up: global row = pair * ff + row, pair p = (token p / k, choice p % k).
-template <class T, int VEC>
-__global__ void __launch_bounds__(kStageWarps * 32)
-    staged_experts_swiglu_kernel(MatArg gate, MatArg up, const int32_t* __restrict__ ids, int k,
-                                 float* __restrict__ y, int64_t n_pairs, Acts a) {
-  pdl_launch_dependents();
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t ff = gate.out;
-  const int64_t grow = int64_t{blockIdx.x} * kStageWarps + warp;
-  if (grow >= n_pairs * ff) return;
-  const int64_t p = grow / ff, row = grow % ff;
-  const int32_t e = ids[p];
-  if (e < 0 || e >= gate.n_expert) {
-    if (lane == 0) y[p * ff + row] = __int_as_float(0x7fc00000);
-    return;
-  }
-  const Acts ac = shift_rows(a, p / k);
-  float g[1] = {}, u[1] = {};
-  staged_row<T, 1, VEC>(gate.data + e * gate.expert_bytes + row * gate.row_bytes, ac, a.in,
-                        buf[warp], lane, g);
-  staged_row<T, 1, VEC>(up.data + e * up.expert_bytes + row * up.row_bytes, ac, a.in, buf[warp],
-                        lane, u);
-  warp_sum<1>(g);
-  warp_sum<1>(u);
-  if (lane == 0) y[p * ff + row] = silu(g[0]) * u[0];
-}
-
-// Routed experts' down with the weighted sum over the k choices: global row = token * out + row.
-template <class T, int VEC>
-__global__ void __launch_bounds__(kStageWarps * 32)
-    staged_experts_down_kernel(MatArg down, const int32_t* __restrict__ ids,
-                               const float* __restrict__ weights, int k, float* __restrict__ y,
-                               int64_t n, Acts a) {
-  pdl_launch_dependents();
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t grow = int64_t{blockIdx.x} * kStageWarps + warp;
-  if (grow >= n * down.out) return;
-  const int64_t t = grow / down.out, row = grow % down.out;
-  float acc = 0.0f;
-  bool ok = true;
-  for (int j = 0; j < k; ++j) {
-    const int64_t p = t * k + j;
-    const int32_t e = ids[p];
-    if (e < 0 || e >= down.n_expert) {
-      ok = false;
-      continue;
-    }
-    float part[1] = {};
-    staged_row<T, 1, VEC>(down.data + e * down.expert_bytes + row * down.row_bytes,
-                          shift_rows(a, p), a.in, buf[warp], lane, part);
-    warp_sum<1>(part);
-    acc += weights[p] * part[0];
-  }
-  if (lane == 0) y[t * down.out + row] = ok ? acc : __int_as_float(0x7fc00000);
-}
-
-// Routed experts' down without the sum: y_pairs [n * k, out], global row = pair * out + row, so
-// the k experts of a token are read by different warps at once (a warp looping over them waits
-// one round trip per expert); moe_combine_pairs adds them up.
-template <class T, int VEC>
-__global__ void __launch_bounds__(kStageWarps * 32)
-    staged_experts_down_pairs_kernel(MatArg down, const int32_t* __restrict__ ids,
-                                     float* __restrict__ y, int64_t n_pairs, Acts a) {
-  pdl_launch_dependents();
-  __shared__ __align__(16) uint8_t buf[kStageWarps][2][stage_tile<T>()];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t grow = int64_t{blockIdx.x} * kStageWarps + warp;
-  if (grow >= n_pairs * down.out) return;
-  const int64_t p = grow / down.out, row = grow % down.out;
-  const int32_t e = ids[p];
-  if (e < 0 || e >= down.n_expert) {
-    if (lane == 0) y[p * down.out + row] = __int_as_float(0x7fc00000);
-    return;
-  }
-  float acc[1] = {};
-  staged_row<T, 1, VEC>(down.data + e * down.expert_bytes + row * down.row_bytes, shift_rows(a, p),
-                        a.in, buf[warp], lane, acc);
-  warp_sum<1>(acc);
-  if (lane == 0) y[p * down.out + row] = acc[0];
-}
-
-// The widest copy every tile start allows: the data, every row, every expert and every full tile
-// start at multiples of it.
-template <class T>
-int stage_vec(const MatArg& m) {
-  const auto base = reinterpret_cast<uintptr_t>(m.data);
-  for (int v : {16, 8, 4}) {
-    if (base % v == 0 && m.row_bytes % v == 0 && (m.n_expert <= 1 || m.expert_bytes % v == 0) &&
-        (stage_blocks<T>() * T::kBytes) % v == 0)
-      return v;
-  }
-  return 2;
-}
-
-// Calls fn.template operator()<T, VEC>() for the staged types; false for the others.
-template <class Fn>
-bool with_staged_type(DType type, bool q8s, int vec, Fn&& fn) {
-  auto by_vec = [&]<class T>() {
-    switch (vec) {
-      case 16:
-        fn.template operator()<T, 16>();
-        break;
-      case 8:
-        fn.template operator()<T, 8>();
-        break;
-      case 4:
-        fn.template operator()<T, 4>();
-        break;
-      default:
-        return false;  // 2-byte aligned only: the unstaged kernels
-    }
-    return true;
-  };
-  switch (type) {
-    case DType::Q4_K:
-      return by_vec.template operator()<qb::Q4K>();
-    case DType::Q5_K:
-      return by_vec.template operator()<qb::Q5K>();
-    case DType::Q6_K:
-      return by_vec.template operator()<qb::Q6K>();
-    case DType::Q8_0:
-      return q8s ? by_vec.template operator()<qb::Q80S>() : by_vec.template operator()<qb::Q80>();
-    case DType::Q4_0:
-      return by_vec.template operator()<qb::Q40>();
-    case DType::IQ4_XS:
-      return by_vec.template operator()<qb::IQ4XS>();
-    default:
-      return false;
-  }
-}
-
-int staged_vec_of(const MatArg& m) {
-  switch (m.dtype) {
-    case DType::Q4_K:
-      return stage_vec<qb::Q4K>(m);
-    case DType::Q5_K:
-      return stage_vec<qb::Q5K>(m);
-    case DType::Q6_K:
-      return stage_vec<qb::Q6K>(m);
-    case DType::Q8_0:
-      return m.q8s ? stage_vec<qb::Q80S>(m) : stage_vec<qb::Q80>(m);
-    case DType::Q4_0:
-      return stage_vec<qb::Q40>(m);
-    case DType::IQ4_XS:
-      return stage_vec<qb::IQ4XS>(m);
-    default:
-      return 0;
-  }
-}
-
-bool staging_off() {
-  static const bool off = [] {
-    const char* v = std::getenv("QWENRT_CUDA_STAGED");
-    return v && v[0] == '0';
-  }();
-  return off;
-}
-
-// Launches one of the staged kernels for nr = 1..8 activation rows.
-template <int NR, class Launch>
-void for_nr(int nr, Launch&& launch) {
-  if constexpr (NR <= 8) {
-    if (nr == NR) return launch.template operator()<NR>();
-    for_nr<NR + 1>(nr, launch);
-  }
-}
-
-// The staged path of run_group when every job has the same staged type (n <= 8).
-bool staged_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream) {
-  if (staging_off() || n > 8 || n < 1) return false;
-  const DType type = g.job[0].m.dtype;
-  int vec = 16;
-  int64_t rows = 0;
-  for (int i = 0; i < g.n_jobs; ++i) {
-    if (g.job[i].m.dtype != type || g.job[i].m.q8s != g.job[0].m.q8s) return false;
-    vec = std::min(vec, staged_vec_of(g.job[i].m));
-    rows += g.job[i].m.out;
-  }
-  Group sg = g;
-  int64_t first = 0;
-  for (int i = 0; i < g.n_jobs; ++i) {
-    sg.job[i].first_block = first;  // first row here
-    first += g.job[i].m.out;
-  }
-  const unsigned grid = static_cast<unsigned>((rows + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(type, g.job[0].m.q8s, vec, [&]<class T, int VEC>() {
-    for_nr<1>(static_cast<int>(n), [&]<int NR>() {
-      staged_gemv_kernel<T, NR, VEC><<<grid, kStageWarps * 32, 0, stream>>>(sg, rows, a);
-    });
-    QWENRT_CUDA_CHECK_LAUNCH();
-  });
-}
-
-bool staged_swiglu(const MatArg& g, const MatArg& u, float* y, int64_t n, const Acts& a,
-                   cudaStream_t stream) {
-  if (staging_off() || n > 8 || n < 1 || g.dtype != u.dtype || g.q8s != u.q8s) return false;
-  const int vec = std::min(staged_vec_of(g), staged_vec_of(u));
-  const unsigned grid = static_cast<unsigned>((g.out + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(g.dtype, g.q8s, vec, [&]<class T, int VEC>() {
-    for_nr<1>(static_cast<int>(n), [&]<int NR>() {
-      staged_swiglu_kernel<T, NR, VEC><<<grid, kStageWarps * 32, 0, stream>>>(g, u, y, a);
-    });
-    QWENRT_CUDA_CHECK_LAUNCH();
-  });
-}
-
-bool staged_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k, float* y,
-                           int64_t n_pairs, const Acts& a, cudaStream_t stream) {
-  if (staging_off() || g.dtype != u.dtype || g.q8s != u.q8s) return false;
-  const int vec = std::min(staged_vec_of(g), staged_vec_of(u));
-  const int64_t rows = n_pairs * g.out;
-  if ((rows + kStageWarps - 1) / kStageWarps > int64_t{0x7fffffff}) return false;
-  const unsigned grid = static_cast<unsigned>((rows + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(g.dtype, g.q8s, vec, [&]<class T, int VEC>() {
-    staged_experts_swiglu_kernel<T, VEC>
-        <<<grid, kStageWarps * 32, 0, stream>>>(g, u, ids, k, y, n_pairs, a);
-    QWENRT_CUDA_CHECK_LAUNCH();
-  });
-}
-
-bool staged_experts_down_pairs(const MatArg& d, const int32_t* ids, float* y, int64_t n_pairs,
-                               const Acts& a, cudaStream_t stream) {
-  if (staging_off()) return false;
-  const int vec = staged_vec_of(d);
-  const int64_t rows = n_pairs * d.out;
-  if ((rows + kStageWarps - 1) / kStageWarps > int64_t{0x7fffffff}) return false;
-  const unsigned grid = static_cast<unsigned>((rows + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(d.dtype, d.q8s, vec, [&]<class T, int VEC>() {
-    staged_experts_down_pairs_kernel<T, VEC>
-        <<<grid, kStageWarps * 32, 0, stream>>>(d, ids, y, n_pairs, a);
-    QWENRT_CUDA_CHECK_LAUNCH();
-  });
-}
-
-bool staged_experts_down(const MatArg& d, const int32_t* ids, const float* weights, int k, float* y,
-                         int64_t n, const Acts& a, cudaStream_t stream) {
-  if (staging_off()) return false;
-  const int vec = staged_vec_of(d);
-  const int64_t rows = n * d.out;
-  if ((rows + kStageWarps - 1) / kStageWarps > int64_t{0x7fffffff}) return false;
-  const unsigned grid = static_cast<unsigned>((rows + kStageWarps - 1) / kStageWarps);
-  return with_staged_type(d.dtype, d.q8s, vec, [&]<class T, int VEC>() {
-    staged_experts_down_kernel<T, VEC>
-        <<<grid, kStageWarps * 32, 0, stream>>>(d, ids, weights, k, y, n, a);
-    QWENRT_CUDA_CHECK_LAUNCH();
-  });
-}
-
-// ---- Resident GEMV: the batch-1 decode path (n = 1) ------------------------------------------
-// For the types whose 256-element blocks split into 8 units of 32 that load with 16- or 8-byte
-// loads (Q4_K, Q5_K, IQ4_XS, Q8_0 in superblocks). The staged kernel above re-reads the
-// activations for every row from L1 and stages the weights through shared memory; both cost
-// load instructions per weight byte that the weight stream cannot afford. Here:
-// - A row's n_units = in / 32 units are split into S slices of 32 UPL units, UPL = 1..4 units a
-//   lane (resident_shape); a block is S x R warps (R = max(1, 8 / S) row lanes). Lane l of slice
-//   s owns units 32 UPL s + 32 i + l of every row it visits, so its activations stay in
-//   registers: the block quantises x
-//   once into shared memory (quantize_q8_kernel's arithmetic, so the int8 values equal the
-//   two-launch path's; rows longer than kResQuantiseInKernelMax take that kernel's output
-//   instead) and each lane keeps its unit's int8 values, scales and scaled sums. A row then costs
-//   its weight loads (consecutive lanes take consecutive units: coalesced) and the dot products.
-// - Blocks are persistent (the grid is what fits on the GPU at once) and walk the row groups (R
-//   rows) grid-strided; each warp keeps the weights of the next DEPTH rows in flight (registers:
-//   3 rows ahead at one unit a lane, 1 at more). Slice partials meet in shared memory once at the
-//   end, summed in a fixed order.
-// - Programmatic dependent launch (sm_90, pdl.cuh): the kernel lets the next kernel launch at
-//   once, and loads its first rows' weights (which no earlier kernel writes) before waiting for
-//   the previous kernel's results.
-constexpr int kResRowWarps = 8;    // warps a block aims for (S x R)
-constexpr int kResMaxSlices = 18;  // rows up to 18432 wide (the 27B's FFN rows are 17408)
-
-// The three shapes of work: matmul / matmul_group (jobs), a dense SwiGLU (gate and up rows
-// together), routed experts' gate/up (rows pair * ff + row of expert ids[pair]).
-enum ResidentMode { kResJobs = 0, kResSwiglu = 1, kResExperts = 2 };
-
-struct ResidentArgs {
-  const uint8_t* data[kMaxJobs];
-  int64_t row_bytes[kMaxJobs];
-  int64_t expert_bytes[2];
-  float* y[kMaxJobs];
-  int64_t first_row[kMaxJobs + 1];  // kResJobs: job j holds rows [first_row[j], first_row[j + 1])
-  int n_jobs;
-  int64_t total_rows;
-  int64_t ff;             // kResExperts: rows per pair
-  const int32_t* ids;     // kResExperts
-  int64_t n_expert;       // kResExperts
-  const float* x;         // [in], 16-byte aligned
-  const int8_t* xq;       // x already quantised (quantize_q8_kernel; long rows), or null
-  const float* xd;        // its scales
-  int in;                 // a multiple of 256
-  int slices, row_lanes;  // S, R
-  int max_groups;         // row groups a block visits, at most (the partials' shared memory)
-};
-
-template <int MODE>
-constexpr int resident_mats() {
-  return MODE == kResJobs ? 1 : 2;
-}
-// Rows a warp has in flight beyond the one it computes: with one unit a lane there are registers
-// for three (two with two matrices); with more units a lane, one.
-template <int UPL, int MODE>
-constexpr int resident_depth() {
-  return UPL > 1 ? 1 : MODE == kResJobs ? 3 : 2;
-}
-// Threads a block may have: slices of one unit a lane make up to 18 warps; with more units a lane
-// a block has at most 8 (and the registers that UPL x (1 + depth) units need).
-template <int UPL>
-constexpr int resident_max_threads() {
-  return UPL == 1 ? kResMaxSlices * 32 : kResRowWarps * 32;
-}
-
-// The weight rows of global row r (false: an expert id out of range; nothing to read).
-template <int MODE>
-__device__ __forceinline__ bool resident_rows(const ResidentArgs& a, int64_t r,
-                                              const uint8_t* (&ptr)[resident_mats<MODE>()]) {
-  if constexpr (MODE == kResJobs) {
-    int j = 0;
-    while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
-    ptr[0] = a.data[j] + (r - a.first_row[j]) * a.row_bytes[j];
-    return true;
-  } else if constexpr (MODE == kResSwiglu) {
-    ptr[0] = a.data[0] + r * a.row_bytes[0];
-    ptr[1] = a.data[1] + r * a.row_bytes[1];
-    return true;
-  } else {
-    const int64_t p = r / a.ff, row = r % a.ff;
-    const int32_t e = a.ids[p];
-    if (e < 0 || e >= a.n_expert) return false;
-    ptr[0] = a.data[0] + e * a.expert_bytes[0] + row * a.row_bytes[0];
-    ptr[1] = a.data[1] + e * a.expert_bytes[1] + row * a.row_bytes[1];
-    return true;
-  }
-}
-
-template <int MODE>
-__device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
-                                               const float (&v)[resident_mats<MODE>()], bool ok) {
-  if constexpr (MODE == kResJobs) {
-    int j = 0;
-    while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
-    a.y[j][r - a.first_row[j]] = v[0];
-  } else {
-    a.y[0][r] = ok ? silu(v[0]) * v[1] : __int_as_float(0x7fc00000);
-  }
-}
-
-template <class T, int UPL, int MODE>
-__device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, int u0, int j,
-                                              int n_units,
-                                              typename T::Unit (&w)[resident_mats<MODE>()][UPL]) {
-  constexpr int NM = resident_mats<MODE>();
-  const uint8_t* ptr[NM];
-  if (!resident_rows<MODE>(a, r, ptr)) return false;
-#pragma unroll
-  for (int m = 0; m < NM; ++m) {
-#pragma unroll
-    for (int i = 0; i < UPL; ++i) {
-      const int u = u0 + 32 * i;
-      if (u < n_units) w[m][i] = T::load(ptr[m] + (u / T::kUnits) * T::kBytes, j);
-    }
-  }
-  return true;
-}
-
-template <class T, int UPL, int MODE>
-__global__ void __launch_bounds__(resident_max_threads<UPL>())
-    resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
-  constexpr int NM = resident_mats<MODE>();
-  constexpr int DEPTH = resident_depth<UPL, MODE>(), NB = DEPTH + 1;
-  static_assert(T::kElems == 256 && T::kUnits == 8, "resident GEMV: 256-element blocks of 8 units");
-  extern __shared__ __align__(16) uint8_t res_smem[];
-  int8_t* sq = reinterpret_cast<int8_t*>(res_smem);       // [in] (unless pre-quantised)
-  float* sd = reinterpret_cast<float*>(res_smem + a.in);  // [in / 32]
-  float* part = a.xq ? reinterpret_cast<float*>(res_smem) : sd + a.in / qb::kActBlock;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int S = a.slices, R = a.row_lanes;
-  const int s = warp % S, rw = warp / S;
-  const int n_units = a.in / 32;
-  const int u0 = 32 * UPL * s + lane;  // this lane's units of every row: u0 + 32 i, i < UPL
-  const int j = lane % T::kUnits;      // their place in their blocks
-  const int64_t stride = int64_t{gridDim.x} * R;
-  const int64_t r0 = int64_t{blockIdx.x} * R + rw;
-
-  pdl_launch_dependents();
-  typename T::Unit w[NB][NM][UPL];
-  bool ok[NB];
-  auto load_ahead = [&]() {
-#pragma unroll
-    for (int q = 0; q < DEPTH; ++q) {
-      const int64_t r = r0 + q * stride;
-      ok[q] = r < a.total_rows && resident_load<T, UPL, MODE>(a, r, u0, j, n_units, w[q]);
-    }
-  };
-  if constexpr (MODE != kResExperts) load_ahead();  // expert ids come from the previous kernel
-  pdl_wait();
-  if constexpr (MODE == kResExperts) load_ahead();
-
-  if (a.xq == nullptr) {
-    // x into shared memory as int8 blocks of 32: four threads a block, eight elements each (in
-    // / 8 is a multiple of 32, so whole warps take part in each round of shuffles).
-    for (int t = threadIdx.x; t < a.in / 8; t += blockDim.x) {
-      const float4 v0 = reinterpret_cast<const float4*>(a.x)[2 * t];
-      const float4 v1 = reinterpret_cast<const float4*>(a.x)[2 * t + 1];
-      const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-      float amax = 0.0f;
-      bool bad = false;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        amax = fmaxf(amax, fabsf(v[i]));
-        bad = bad || isnan(v[i]);
-      }
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      int any_bad = bad ? 1 : 0;
-      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 1);
-      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 2);
-      const float scale = any_bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
-      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-      uint32_t packed[2] = {0, 0};
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        packed[i / 4] |= (uint32_t(__float2int_rn(v[i] * inv)) & 0xff) << (8 * (i % 4));
-      *reinterpret_cast<uint2*>(sq + 8 * t) = make_uint2(packed[0], packed[1]);
-      if (t % 4 == 0) sd[t / 4] = scale;
-    }
-    __syncthreads();
-  }
-  // This lane's units of x: pre-quantised (long rows) or from shared memory.
-  const int8_t* aq = a.xq ? a.xq : sq;
-  const float* ad = a.xq ? a.xd : sd;
-  int4 av[UPL][2];
-  float xd[UPL][2], xs[UPL][2];
-#pragma unroll
-  for (int i = 0; i < UPL; ++i) {
-    const int u = u0 + 32 * i;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      av[i][k] = make_int4(0, 0, 0, 0);
-      xd[i][k] = xs[i][k] = 0.0f;
-      if (u < n_units) {
-        const int e = (u / T::kUnits) * T::kElems + T::act_offset(j, k);
-        av[i][k] = *reinterpret_cast<const int4*>(aq + e);
-        xd[i][k] = ad[e / qb::kActBlock];
-        const int4 v = av[i][k];
-        xs[i][k] = xd[i][k] * float(qb::sum4(v.w, qb::sum4(v.z, qb::sum4(v.y, qb::sum4(v.x, 0)))));
-      }
-    }
-  }
-
-  // Row t of this warp is r0 + t * stride, its weights in buffer t % NB; the loop is unrolled NB
-  // times so every buffer index is a constant (registers, not local memory).
-  const int part_stride = R * a.max_groups;
-  for (int t0 = 0;; t0 += NB) {
-#pragma unroll
-    for (int q = 0; q < NB; ++q) {
-      const int t = t0 + q;
-      const int64_t r = r0 + t * stride;
-      if (r >= a.total_rows) goto rows_done;  // uniform over the warp
-      {
-        const int ahead = (q + DEPTH) % NB;
-        const int64_t rn = r + DEPTH * stride;
-        ok[ahead] =
-            rn < a.total_rows && resident_load<T, UPL, MODE>(a, rn, u0, j, n_units, w[ahead]);
-      }
-      float acc[NM] = {};
-      if (ok[q]) {
-#pragma unroll
-        for (int m = 0; m < NM; ++m) {
-#pragma unroll
-          for (int i = 0; i < UPL; ++i) {
-            if (u0 + 32 * i < n_units) acc[m] += T::dot_regs(w[q][m][i], j, av[i], xd[i], xs[i]);
-          }
-        }
-      }
-      warp_sum<NM>(acc);
-      if (lane == 0) {
-        if (S == 1) {
-          resident_store<MODE>(a, r, acc, ok[q]);
-        } else {
-#pragma unroll
-          for (int m = 0; m < NM; ++m) part[(m * S + s) * part_stride + t * R + rw] = acc[m];
-        }
-      }
-    }
-  }
-rows_done:
-  if (S > 1) {
-    __syncthreads();
-    for (int l = threadIdx.x; l < part_stride; l += blockDim.x) {
-      const int64_t row = (int64_t{blockIdx.x} + int64_t{l / R} * gridDim.x) * R + l % R;
-      if (row >= a.total_rows) continue;
-      float v[NM];
-#pragma unroll
-      for (int m = 0; m < NM; ++m) {
-        float sum = 0.0f;
-        for (int q = 0; q < S; ++q) sum += part[(m * S + q) * part_stride + l];
-        v[m] = sum;
-      }
-      bool row_ok = true;
-      if constexpr (MODE == kResExperts) {
-        const int32_t e = a.ids[row / a.ff];
-        row_ok = e >= 0 && e < a.n_expert;
-      }
-      resident_store<MODE>(a, row, v, row_ok);
-    }
-  }
-}
-
-bool resident_off() {
-  static const bool off = [] {
-    const char* v = std::getenv("QWENRT_CUDA_RESIDENT");
-    return v && v[0] == '0';
-  }();
-  return off;
-}
-
-// Programmatic dependent launch: sm_90 and later, unless QWENRT_CUDA_PDL=0.
-bool pdl_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("QWENRT_CUDA_PDL");
-    if (v && v[0] == '0') return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return on;
-}
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    QWENRT_CUDA_CHECK(cudaGetDevice(&dev));
-    QWENRT_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
-    return count;
-  }();
-  return n;
-}
-
-template <class T, int UPL, int MODE>
-void launch_resident(ResidentArgs a, cudaStream_t stream) {
-  constexpr int NM = resident_mats<MODE>();
-  auto* kernel = resident_gemv_kernel<T, UPL, MODE>;
-  const int S = a.slices, R = a.row_lanes, threads = 32 * S * R;
-  const int64_t groups = (a.total_rows + R - 1) / R;
-  const size_t base = a.xq ? 0 : size_t(a.in) + size_t(a.in / qb::kActBlock) * 4;
-  const auto part_bytes = [&](int64_t max_groups) {
-    return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
-  };
-  int per_sm = 0;
-  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
-                                                                  base + part_bytes(8)));
-  const int64_t grid =
-      std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{std::max(per_sm, 1)} * sm_count()));
-  a.max_groups = static_cast<int>((groups + grid - 1) / grid);
-  const size_t smem = base + part_bytes(a.max_groups);
-  if (smem > 48 * 1024) {
-    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_on() ? 1 : 0;
-  QWENRT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
-}
-
-// Rows longer than this take their activations quantised by quantize_q8_kernel (one launch)
-// instead of every block quantising the whole row itself (a 17408-wide row is 70 KB of floats a
-// block reads from L2 before its weights can be used).
-constexpr int kResQuantiseInKernelMax = 8192;
-
-// The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
-// none: other types, rows over 18432 wide, unaligned x, or QWENRT_CUDA_RESIDENT=0.
-// Units a lane, chosen by measurement (bench/results/h200.md, cuda_gemv_bench on the H200):
-// single matrices and routed experts stream best with up to 4 units a lane over 1, 2, 4 or 8
-// slices (fewer rows per byte: the per-row work of finding, summing and storing a row is paid
-// less often), the dense SwiGLU with one unit a lane over in / 1024 slices and two rows ahead
-// (two matrices' units at 3 a lane need ~170 registers: one block an SM).
-struct ResidentShape {
-  int slices, upl;
-};
-template <int MODE>
-ResidentShape resident_shape(int n_units) {
-  if constexpr (MODE == kResSwiglu) {
-    return {(n_units + 31) / 32, 1};
-  } else {
-    int S = 1;
-    while (S < kResRowWarps && S * 32 * 4 < n_units) S *= 2;
-    return {S, (n_units + 32 * S - 1) / (32 * S)};
-  }
-}
-
-// The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
-// none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
-template <int MODE>
-bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream) {
-  if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
-  const ResidentShape shape = resident_shape<MODE>(a.in / 32);
-  if (shape.slices > kResMaxSlices || shape.upl > 4) return false;
-  switch (m.dtype) {
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::IQ4_XS:
-      // A single 4-bit matrix with rows this long streams faster through the staged kernel
-      // (Q4_K 17408 x 5120: 29.6 us against 35.4 us here, quantisation launch included).
-      if (MODE == kResJobs && a.in > kResQuantiseInKernelMax) return false;
-      break;
-    case DType::Q8_0:
-      if (!m.q8s) return false;
-      // An lm-head-sized Q8_0 matrix streams faster through the staged kernel (94% of the
-      // bandwidth against 85% here, 2048 x 248320).
-      if (MODE == kResJobs && a.total_rows >= 131072) return false;
-      break;
-    default:
-      return false;
-  }
-  a.slices = shape.slices;
-  a.row_lanes = std::max(1, kResRowWarps / shape.slices);
-  if (a.in > kResQuantiseInKernelMax && workspace != nullptr) {
-    const Acts q = prepare_acts(a.x, 1, a.in, true, workspace, stream);
-    a.xq = q.q;
-    a.xd = q.d;
-  }
-  auto by_upl = [&]<class T>() {
-    if constexpr (MODE == kResSwiglu) {
-      launch_resident<T, 1, MODE>(a, stream);
-    } else {
-      switch (shape.upl) {
-        case 1:
-          launch_resident<T, 1, MODE>(a, stream);
-          break;
-        case 2:
-          launch_resident<T, 2, MODE>(a, stream);
-          break;
-        case 3:
-          launch_resident<T, 3, MODE>(a, stream);
-          break;
-        default:
-          launch_resident<T, 4, MODE>(a, stream);
-          break;
-      }
-    }
-  };
-  switch (m.dtype) {
-    case DType::Q4_K:
-      by_upl.template operator()<qb::Q4K>();
-      break;
-    case DType::Q5_K:
-      by_upl.template operator()<qb::Q5K>();
-      break;
-    case DType::IQ4_XS:
-      by_upl.template operator()<qb::IQ4XS>();
-      break;
-    default:
-      by_upl.template operator()<qb::Q80S>();
-      break;
-  }
-  return true;
-}
-
-bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
-                    cudaStream_t stream) {
-  ResidentArgs a{};
-  a.n_jobs = g.n_jobs;
-  int64_t rows = 0;
-  for (int i = 0; i < g.n_jobs; ++i) {
-    const MatArg& m = g.job[i].m;
-    if (m.dtype != g.job[0].m.dtype || m.q8s != g.job[0].m.q8s) return false;
-    a.data[i] = m.data;
-    a.row_bytes[i] = m.row_bytes;
-    a.y[i] = g.job[i].y;
-    a.first_row[i] = rows;
-    rows += m.out;
-  }
-  a.first_row[g.n_jobs] = rows;
-  a.total_rows = rows;
-  a.x = x;
-  a.in = static_cast<int>(in);
-  return in <= (1 << 20) && resident<kResJobs>(g.job[0].m, a, workspace, stream);
-}
-
-bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,
-                     void* workspace, cudaStream_t stream) {
-  if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
-  ResidentArgs a{};
-  a.data[0] = g.data;
-  a.data[1] = u.data;
-  a.row_bytes[0] = g.row_bytes;
-  a.row_bytes[1] = u.row_bytes;
-  a.y[0] = y;
-  a.total_rows = g.out;
-  a.x = x;
-  a.in = static_cast<int>(in);
-  return resident<kResSwiglu>(g, a, workspace, stream);
-}
-
-bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,
-                             const float* x, int64_t in, float* y, void* workspace,
-                             cudaStream_t stream) {
-  if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
-  ResidentArgs a{};
-  a.data[0] = g.data;
-  a.data[1] = u.data;
-  a.row_bytes[0] = g.row_bytes;
-  a.row_bytes[1] = u.row_bytes;
-  a.expert_bytes[0] = g.expert_bytes;
-  a.expert_bytes[1] = u.expert_bytes;
-  a.y[0] = y;
-  a.ff = g.out;
-  a.total_rows = int64_t{k} * g.out;
-  a.ids = ids;
-  a.n_expert = g.n_expert;
-  a.x = x;
-  a.in = static_cast<int>(in);
-  return resident<kResExperts>(g, a, workspace, stream);
-}
-
 // Q8_0 superblocks: word w of a 272-byte superblock is the scale of block w (w < 8), else two
 // quant bytes of block (2 (w - 8)) / 32.
 __global__ void repack_q8_0_kernel(const uint16_t* __restrict__ src, uint16_t* __restrict__ dst,
@@ -1545,6 +602,43 @@ __global__ void embed_kernel(const uint8_t* __restrict__ table, int64_t row_byte
 }
 
 }  // namespace
+
+namespace mm {
+
+bool is_quantised(DType t) {
+  switch (t) {
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::IQ4_XS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
+// reads.
+Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* workspace,
+                  cudaStream_t stream) {
+  Acts a{nullptr, nullptr, x, in};
+  if (!needed || rows == 0) return a;
+  if (in % qb::kActBlock != 0) bad_call("matmul: in = {} is not a multiple of 32", in);
+  if (workspace == nullptr) bad_call("matmul: quantised weights need a workspace");
+  const QuantAct qa = quant_act_at(workspace, rows, in);
+  const int64_t n_blocks = rows * in / qb::kActBlock;
+  constexpr int kBlocksPerCta = 256 / 32;
+  const int64_t grid = (n_blocks + kBlocksPerCta - 1) / kBlocksPerCta;
+  quantize_q8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, n_blocks, qa.q, qa.d);
+  QWENRT_CUDA_CHECK_LAUNCH();
+  a.q = qa.q;
+  a.d = qa.d;
+  return a;
+}
+
+}  // namespace mm
 
 bool q8_0_superblocks_fit(int64_t in) {
   return in > 0 && in % qb::Q80S::kElems == 0;

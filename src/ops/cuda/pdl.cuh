@@ -1,7 +1,7 @@
 // Programmatic dependent launch (sm_90 and later; no-ops below): a kernel lets the next kernel of
 // its stream launch as soon as all of its own blocks run (pdl_launch_dependents, first thing in
 // every decode kernel), and a kernel launched with the programmatic-serialization attribute
-// (matmul.cu's resident GEMV) waits for the previous kernel to finish and its writes to be
+// (gemv_resident.cu's GEMV) waits for the previous kernel to finish and its writes to be
 // visible (pdl_wait) only where it first reads what that kernel wrote. A kernel launched without
 // the attribute waits for its predecessor as always, so the trigger alone changes nothing.
 #pragma once

@@ -131,12 +131,10 @@ __device__ __forceinline__ float k4_finish_regs(const int4& hdr, int u, const ui
          dmin * (float(m0) * xs[0] + float(m1) * xs[1]);
 }
 
-// ---- Resident-activation form (matmul.cu's resident GEMV) ----------------------------------
+// ---- Resident-activation form (gemv_resident.cu) -------------------------------------------
 // A type with kElems = 256 and kUnits = 8 also gives, for its unit j, the element offsets
 // act_offset(j, k) in the block of its two 16-element activation halves k = 0, 1, and
-// dot_regs(): its dot product against them held in registers. kPairedHalves: the other half of
-// each 32-element activation block belongs to unit j ^ 1 (Q4_K, Q5_K); otherwise both halves of
-// one 32-block are the unit's own (IQ4_XS, Q8_0 superblocks).
+// dot_regs(): its dot product against them held in registers.
 
 // Q4_K (144 bytes, 16-byte aligned in a row of them): header 16 bytes, qs 128 bytes. Element l of
 // sub-block j is nibble j % 2 of qs[32 (j / 2) + l].
@@ -159,7 +157,6 @@ struct Q4K {
     }
     return k4_finish(w.hdr, u, lo, hi, xq, xd);
   }
-  static constexpr bool kPairedHalves = true;
   static __device__ __forceinline__ int act_offset(int u, int k) {
     return 32 * (2 * (u >> 1) + k) + 16 * (u & 1);
   }
@@ -199,7 +196,6 @@ struct Q5K {
     }
     return k4_finish(w.hdr, u, lo, hi, xq, xd);
   }
-  static constexpr bool kPairedHalves = true;
   static __device__ __forceinline__ int act_offset(int u, int k) {
     return Q4K::act_offset(u, k);
   }
@@ -325,7 +321,6 @@ struct Q80S {
                                               const float* xd) {
     return w.d * xd[u] * float(block_dot(w, act16(xq + 32 * u), act16(xq + 32 * u + 16)));
   }
-  static constexpr bool kPairedHalves = false;
   static __device__ __forceinline__ int act_offset(int u, int k) { return 32 * u + 16 * k; }
   static __device__ __forceinline__ float dot_regs(const Unit& w, int, const int4 (&a)[2],
                                                    const float (&xd)[2], const float (&)[2]) {
@@ -406,7 +401,6 @@ struct IQ4XS {
     const float d = half_bits_to_float(w.hdr.x & 0xffff);
     return d * float(ls - 32) * xd[u] * float(acc);
   }
-  static constexpr bool kPairedHalves = false;
   static __device__ __forceinline__ int act_offset(int u, int k) {
     return 32 * u + 16 * k;
   }

@@ -1,0 +1,496 @@
+// The resident GEMV (matmul_args.cuh, "gemv_resident.cu"): one activation row of fp32, the
+// batch-1 decode path.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/matmul_args.cuh"
+#include "ops/cuda/pdl.cuh"
+#include "ops/cuda/quant_blocks.cuh"
+
+namespace qwenrt::ops::cuda::mm {
+namespace {
+
+// ---- Resident GEMV: the batch-1 decode path (n = 1) ------------------------------------------
+// For the types whose 256-element blocks split into 8 units of 32 that load with 16- or 8-byte
+// loads (Q4_K, Q5_K, IQ4_XS, Q8_0 in superblocks). The staged kernel above re-reads the
+// activations for every row from L1 and stages the weights through shared memory; both cost
+// load instructions per weight byte that the weight stream cannot afford. Here:
+// - A row's n_units = in / 32 units are split into S slices of 32 UPL units, UPL = 1..4 units a
+//   lane (resident_shape); a block is S x R warps (R = max(1, 8 / S) row lanes). Lane l of slice
+//   s owns units 32 UPL s + 32 i + l of every row it visits, so its activations stay in
+//   registers: the block quantises x
+//   once into shared memory (quantize_q8_kernel's arithmetic, so the int8 values equal the
+//   two-launch path's; rows longer than kResQuantiseInKernelMax take that kernel's output
+//   instead) and each lane keeps its unit's int8 values, scales and scaled sums. A row then costs
+//   its weight loads (consecutive lanes take consecutive units: coalesced) and the dot products.
+// - Blocks are persistent (the grid is what fits on the GPU at once) and walk the row groups (R
+//   rows) grid-strided; each warp keeps the weights of the next DEPTH rows in flight (registers:
+//   3 rows ahead at one unit a lane, 1 at more). Slice partials meet in shared memory once at the
+//   end, summed in a fixed order.
+// - Programmatic dependent launch (sm_90, pdl.cuh): the kernel lets the next kernel launch at
+//   once, and loads its first rows' weights (which no earlier kernel writes) before waiting for
+//   the previous kernel's results.
+constexpr int kResRowWarps = 8;    // warps a block aims for (S x R)
+constexpr int kResMaxSlices = 18;  // rows up to 18432 wide (the 27B's FFN rows are 17408)
+
+// The three shapes of work: matmul / matmul_group (jobs), a dense SwiGLU (gate and up rows
+// together), routed experts' gate/up (rows pair * ff + row of expert ids[pair]).
+enum ResidentMode { kResJobs = 0, kResSwiglu = 1, kResExperts = 2 };
+
+struct ResidentArgs {
+  const uint8_t* data[kMaxJobs];
+  int64_t row_bytes[kMaxJobs];
+  int64_t expert_bytes[2];
+  float* y[kMaxJobs];
+  int64_t first_row[kMaxJobs + 1];  // kResJobs: job j holds rows [first_row[j], first_row[j + 1])
+  int n_jobs;
+  int64_t total_rows;
+  int64_t ff;             // kResExperts: rows per pair
+  const int32_t* ids;     // kResExperts
+  int64_t n_expert;       // kResExperts
+  const float* x;         // [in], 16-byte aligned
+  const int8_t* xq;       // x already quantised (quantize_q8_kernel; long rows), or null
+  const float* xd;        // its scales
+  int in;                 // a multiple of 256
+  int slices, row_lanes;  // S, R
+  int max_groups;         // row groups a block visits, at most (the partials' shared memory)
+};
+
+template <int MODE>
+constexpr int resident_mats() {
+  return MODE == kResJobs ? 1 : 2;
+}
+// Rows a warp has in flight beyond the one it computes: with one unit a lane there are registers
+// for three (two with two matrices); with more units a lane, one.
+template <int UPL, int MODE>
+constexpr int resident_depth() {
+  return UPL > 1 ? 1 : MODE == kResJobs ? 3 : 2;
+}
+// Threads a block may have: slices of one unit a lane make up to 18 warps; with more units a lane
+// a block has at most 8 (and the registers that UPL x (1 + depth) units need).
+template <int UPL>
+constexpr int resident_max_threads() {
+  return UPL == 1 ? kResMaxSlices * 32 : kResRowWarps * 32;
+}
+
+// The weight rows of global row r (false: an expert id out of range; nothing to read).
+template <int MODE>
+__device__ __forceinline__ bool resident_rows(const ResidentArgs& a, int64_t r,
+                                              const uint8_t* (&ptr)[resident_mats<MODE>()]) {
+  if constexpr (MODE == kResJobs) {
+    int j = 0;
+    while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
+    ptr[0] = a.data[j] + (r - a.first_row[j]) * a.row_bytes[j];
+    return true;
+  } else if constexpr (MODE == kResSwiglu) {
+    ptr[0] = a.data[0] + r * a.row_bytes[0];
+    ptr[1] = a.data[1] + r * a.row_bytes[1];
+    return true;
+  } else {
+    const int64_t p = r / a.ff, row = r % a.ff;
+    const int32_t e = a.ids[p];
+    if (e < 0 || e >= a.n_expert) return false;
+    ptr[0] = a.data[0] + e * a.expert_bytes[0] + row * a.row_bytes[0];
+    ptr[1] = a.data[1] + e * a.expert_bytes[1] + row * a.row_bytes[1];
+    return true;
+  }
+}
+
+template <int MODE>
+__device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
+                                               const float (&v)[resident_mats<MODE>()], bool ok) {
+  if constexpr (MODE == kResJobs) {
+    int j = 0;
+    while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
+    a.y[j][r - a.first_row[j]] = v[0];
+  } else {
+    a.y[0][r] = ok ? silu(v[0]) * v[1] : __int_as_float(0x7fc00000);
+  }
+}
+
+template <class T, int UPL, int MODE>
+__device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, int u0, int j,
+                                              int n_units,
+                                              typename T::Unit (&w)[resident_mats<MODE>()][UPL]) {
+  constexpr int NM = resident_mats<MODE>();
+  const uint8_t* ptr[NM];
+  if (!resident_rows<MODE>(a, r, ptr)) return false;
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+#pragma unroll
+    for (int i = 0; i < UPL; ++i) {
+      const int u = u0 + 32 * i;
+      if (u < n_units) w[m][i] = T::load(ptr[m] + (u / T::kUnits) * T::kBytes, j);
+    }
+  }
+  return true;
+}
+
+template <class T, int UPL, int MODE>
+__global__ void __launch_bounds__(resident_max_threads<UPL>())
+    resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
+  constexpr int NM = resident_mats<MODE>();
+  constexpr int DEPTH = resident_depth<UPL, MODE>(), NB = DEPTH + 1;
+  static_assert(T::kElems == 256 && T::kUnits == 8, "resident GEMV: 256-element blocks of 8 units");
+  extern __shared__ __align__(16) uint8_t res_smem[];
+  int8_t* sq = reinterpret_cast<int8_t*>(res_smem);       // [in] (unless pre-quantised)
+  float* sd = reinterpret_cast<float*>(res_smem + a.in);  // [in / 32]
+  float* part = a.xq ? reinterpret_cast<float*>(res_smem) : sd + a.in / qb::kActBlock;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int S = a.slices, R = a.row_lanes;
+  const int s = warp % S, rw = warp / S;
+  const int n_units = a.in / 32;
+  const int u0 = 32 * UPL * s + lane;  // this lane's units of every row: u0 + 32 i, i < UPL
+  const int j = lane % T::kUnits;      // their place in their blocks
+  const int64_t stride = int64_t{gridDim.x} * R;
+  const int64_t r0 = int64_t{blockIdx.x} * R + rw;
+
+  pdl_launch_dependents();
+  typename T::Unit w[NB][NM][UPL];
+  bool ok[NB];
+  auto load_ahead = [&]() {
+#pragma unroll
+    for (int q = 0; q < DEPTH; ++q) {
+      const int64_t r = r0 + q * stride;
+      ok[q] = r < a.total_rows && resident_load<T, UPL, MODE>(a, r, u0, j, n_units, w[q]);
+    }
+  };
+  if constexpr (MODE != kResExperts) load_ahead();  // expert ids come from the previous kernel
+  pdl_wait();
+  if constexpr (MODE == kResExperts) load_ahead();
+
+  if (a.xq == nullptr) {
+    // x into shared memory as int8 blocks of 32: four threads a block, eight elements each (in
+    // / 8 is a multiple of 32, so whole warps take part in each round of shuffles).
+    for (int t = threadIdx.x; t < a.in / 8; t += blockDim.x) {
+      const float4 v0 = reinterpret_cast<const float4*>(a.x)[2 * t];
+      const float4 v1 = reinterpret_cast<const float4*>(a.x)[2 * t + 1];
+      const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      float amax = 0.0f;
+      bool bad = false;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        amax = fmaxf(amax, fabsf(v[i]));
+        bad = bad || isnan(v[i]);
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      int any_bad = bad ? 1 : 0;
+      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 1);
+      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 2);
+      const float scale = any_bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      uint32_t packed[2] = {0, 0};
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        packed[i / 4] |= (uint32_t(__float2int_rn(v[i] * inv)) & 0xff) << (8 * (i % 4));
+      *reinterpret_cast<uint2*>(sq + 8 * t) = make_uint2(packed[0], packed[1]);
+      if (t % 4 == 0) sd[t / 4] = scale;
+    }
+    __syncthreads();
+  }
+  // This lane's units of x: pre-quantised (long rows) or from shared memory.
+  const int8_t* aq = a.xq ? a.xq : sq;
+  const float* ad = a.xq ? a.xd : sd;
+  int4 av[UPL][2];
+  float xd[UPL][2], xs[UPL][2];
+#pragma unroll
+  for (int i = 0; i < UPL; ++i) {
+    const int u = u0 + 32 * i;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      av[i][k] = make_int4(0, 0, 0, 0);
+      xd[i][k] = xs[i][k] = 0.0f;
+      if (u < n_units) {
+        const int e = (u / T::kUnits) * T::kElems + T::act_offset(j, k);
+        av[i][k] = *reinterpret_cast<const int4*>(aq + e);
+        xd[i][k] = ad[e / qb::kActBlock];
+        const int4 v = av[i][k];
+        xs[i][k] = xd[i][k] * float(qb::sum4(v.w, qb::sum4(v.z, qb::sum4(v.y, qb::sum4(v.x, 0)))));
+      }
+    }
+  }
+
+  // Row t of this warp is r0 + t * stride, its weights in buffer t % NB; the loop is unrolled NB
+  // times so every buffer index is a constant (registers, not local memory).
+  const int part_stride = R * a.max_groups;
+  for (int t0 = 0;; t0 += NB) {
+#pragma unroll
+    for (int q = 0; q < NB; ++q) {
+      const int t = t0 + q;
+      const int64_t r = r0 + t * stride;
+      if (r >= a.total_rows) goto rows_done;  // uniform over the warp
+      {
+        const int ahead = (q + DEPTH) % NB;
+        const int64_t rn = r + DEPTH * stride;
+        ok[ahead] =
+            rn < a.total_rows && resident_load<T, UPL, MODE>(a, rn, u0, j, n_units, w[ahead]);
+      }
+      float acc[NM] = {};
+      if (ok[q]) {
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+#pragma unroll
+          for (int i = 0; i < UPL; ++i) {
+            if (u0 + 32 * i < n_units) acc[m] += T::dot_regs(w[q][m][i], j, av[i], xd[i], xs[i]);
+          }
+        }
+      }
+      warp_sum<NM>(acc);
+      if (lane == 0) {
+        if (S == 1) {
+          resident_store<MODE>(a, r, acc, ok[q]);
+        } else {
+#pragma unroll
+          for (int m = 0; m < NM; ++m) part[(m * S + s) * part_stride + t * R + rw] = acc[m];
+        }
+      }
+    }
+  }
+rows_done:
+  if (S > 1) {
+    __syncthreads();
+    for (int l = threadIdx.x; l < part_stride; l += blockDim.x) {
+      const int64_t row = (int64_t{blockIdx.x} + int64_t{l / R} * gridDim.x) * R + l % R;
+      if (row >= a.total_rows) continue;
+      float v[NM];
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        float sum = 0.0f;
+        for (int q = 0; q < S; ++q) sum += part[(m * S + q) * part_stride + l];
+        v[m] = sum;
+      }
+      bool row_ok = true;
+      if constexpr (MODE == kResExperts) {
+        const int32_t e = a.ids[row / a.ff];
+        row_ok = e >= 0 && e < a.n_expert;
+      }
+      resident_store<MODE>(a, row, v, row_ok);
+    }
+  }
+}
+
+bool resident_off() {
+  static const bool off = [] {
+    const char* v = std::getenv("QWENRT_CUDA_RESIDENT");
+    return v && v[0] == '0';
+  }();
+  return off;
+}
+
+// Programmatic dependent launch: sm_90 and later, unless QWENRT_CUDA_PDL=0.
+bool pdl_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("QWENRT_CUDA_PDL");
+    if (v && v[0] == '0') return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return on;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    QWENRT_CUDA_CHECK(cudaGetDevice(&dev));
+    QWENRT_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+    return count;
+  }();
+  return n;
+}
+
+template <class T, int UPL, int MODE>
+void launch_resident(ResidentArgs a, cudaStream_t stream) {
+  constexpr int NM = resident_mats<MODE>();
+  auto* kernel = resident_gemv_kernel<T, UPL, MODE>;
+  const int S = a.slices, R = a.row_lanes, threads = 32 * S * R;
+  const int64_t groups = (a.total_rows + R - 1) / R;
+  const size_t base = a.xq ? 0 : size_t(a.in) + size_t(a.in / qb::kActBlock) * 4;
+  const auto part_bytes = [&](int64_t max_groups) {
+    return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
+  };
+  int per_sm = 0;
+  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
+                                                                  base + part_bytes(8)));
+  const int64_t grid =
+      std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{std::max(per_sm, 1)} * sm_count()));
+  a.max_groups = static_cast<int>((groups + grid - 1) / grid);
+  const size_t smem = base + part_bytes(a.max_groups);
+  if (smem > 48 * 1024) {
+    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_on() ? 1 : 0;
+  QWENRT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+}
+
+// Rows longer than this take their activations quantised by quantize_q8_kernel (one launch)
+// instead of every block quantising the whole row itself (a 17408-wide row is 70 KB of floats a
+// block reads from L2 before its weights can be used).
+constexpr int kResQuantiseInKernelMax = 8192;
+
+// The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
+// none: other types, rows over 18432 wide, unaligned x, or QWENRT_CUDA_RESIDENT=0.
+// Units a lane, chosen by measurement (bench/results/h200.md, cuda_gemv_bench on the H200):
+// single matrices and routed experts stream best with up to 4 units a lane over 1, 2, 4 or 8
+// slices (fewer rows per byte: the per-row work of finding, summing and storing a row is paid
+// less often), the dense SwiGLU with one unit a lane over in / 1024 slices and two rows ahead
+// (two matrices' units at 3 a lane need ~170 registers: one block an SM).
+struct ResidentShape {
+  int slices, upl;
+};
+template <int MODE>
+ResidentShape resident_shape(int n_units) {
+  if constexpr (MODE == kResSwiglu) {
+    return {(n_units + 31) / 32, 1};
+  } else {
+    int S = 1;
+    while (S < kResRowWarps && S * 32 * 4 < n_units) S *= 2;
+    return {S, (n_units + 32 * S - 1) / (32 * S)};
+  }
+}
+
+// The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
+// none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
+template <int MODE>
+bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream) {
+  if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
+  const ResidentShape shape = resident_shape<MODE>(a.in / 32);
+  if (shape.slices > kResMaxSlices || shape.upl > 4) return false;
+  switch (m.dtype) {
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::IQ4_XS:
+      // A single 4-bit matrix with rows this long streams faster through the staged kernel
+      // (Q4_K 17408 x 5120: 29.6 us against 35.4 us here, quantisation launch included).
+      if (MODE == kResJobs && a.in > kResQuantiseInKernelMax) return false;
+      break;
+    case DType::Q8_0:
+      if (!m.q8s) return false;
+      // An lm-head-sized Q8_0 matrix streams faster through the staged kernel (94% of the
+      // bandwidth against 85% here, 2048 x 248320).
+      if (MODE == kResJobs && a.total_rows >= 131072) return false;
+      break;
+    default:
+      return false;
+  }
+  a.slices = shape.slices;
+  a.row_lanes = std::max(1, kResRowWarps / shape.slices);
+  if (a.in > kResQuantiseInKernelMax && workspace != nullptr) {
+    const Acts q = prepare_acts(a.x, 1, a.in, true, workspace, stream);
+    a.xq = q.q;
+    a.xd = q.d;
+  }
+  auto by_upl = [&]<class T>() {
+    if constexpr (MODE == kResSwiglu) {
+      launch_resident<T, 1, MODE>(a, stream);
+    } else {
+      switch (shape.upl) {
+        case 1:
+          launch_resident<T, 1, MODE>(a, stream);
+          break;
+        case 2:
+          launch_resident<T, 2, MODE>(a, stream);
+          break;
+        case 3:
+          launch_resident<T, 3, MODE>(a, stream);
+          break;
+        default:
+          launch_resident<T, 4, MODE>(a, stream);
+          break;
+      }
+    }
+  };
+  switch (m.dtype) {
+    case DType::Q4_K:
+      by_upl.template operator()<qb::Q4K>();
+      break;
+    case DType::Q5_K:
+      by_upl.template operator()<qb::Q5K>();
+      break;
+    case DType::IQ4_XS:
+      by_upl.template operator()<qb::IQ4XS>();
+      break;
+    default:
+      by_upl.template operator()<qb::Q80S>();
+      break;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
+                    cudaStream_t stream) {
+  ResidentArgs a{};
+  a.n_jobs = g.n_jobs;
+  int64_t rows = 0;
+  for (int i = 0; i < g.n_jobs; ++i) {
+    const MatArg& m = g.job[i].m;
+    if (m.dtype != g.job[0].m.dtype || m.q8s != g.job[0].m.q8s) return false;
+    a.data[i] = m.data;
+    a.row_bytes[i] = m.row_bytes;
+    a.y[i] = g.job[i].y;
+    a.first_row[i] = rows;
+    rows += m.out;
+  }
+  a.first_row[g.n_jobs] = rows;
+  a.total_rows = rows;
+  a.x = x;
+  a.in = static_cast<int>(in);
+  return in <= (1 << 20) && resident<kResJobs>(g.job[0].m, a, workspace, stream);
+}
+
+bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,
+                     void* workspace, cudaStream_t stream) {
+  if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
+  ResidentArgs a{};
+  a.data[0] = g.data;
+  a.data[1] = u.data;
+  a.row_bytes[0] = g.row_bytes;
+  a.row_bytes[1] = u.row_bytes;
+  a.y[0] = y;
+  a.total_rows = g.out;
+  a.x = x;
+  a.in = static_cast<int>(in);
+  return resident<kResSwiglu>(g, a, workspace, stream);
+}
+
+bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,
+                             const float* x, int64_t in, float* y, void* workspace,
+                             cudaStream_t stream) {
+  if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
+  ResidentArgs a{};
+  a.data[0] = g.data;
+  a.data[1] = u.data;
+  a.row_bytes[0] = g.row_bytes;
+  a.row_bytes[1] = u.row_bytes;
+  a.expert_bytes[0] = g.expert_bytes;
+  a.expert_bytes[1] = u.expert_bytes;
+  a.y[0] = y;
+  a.ff = g.out;
+  a.total_rows = int64_t{k} * g.out;
+  a.ids = ids;
+  a.n_expert = g.n_expert;
+  a.x = x;
+  a.in = static_cast<int>(in);
+  return resident<kResExperts>(g, a, workspace, stream);
+}
+
+}  // namespace qwenrt::ops::cuda::mm

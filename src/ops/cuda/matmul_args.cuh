@@ -1,0 +1,103 @@
+// What the matmul kernels of this folder share (matmul.cu, gemv_staged.cu, gemv_resident.cu):
+// the activations and weight matrices as kernels read them, the projection groups, and the entry
+// points each file gives the others. Device and host code; internal to ops/cuda (kernels.h is the
+// backend's interface).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "ops/cuda/quant_blocks.cuh"
+
+namespace qwenrt::ops::cuda::mm {
+
+inline constexpr int kMaxJobs = 8;  // matrices of one matmul_group launch
+
+inline bool aligned(const void* p, int64_t a) {
+  return reinterpret_cast<uintptr_t>(p) % a == 0;
+}
+
+// The activations of a pass: row r's int8 values at q + r * in, scales at d + r * in / 32, and the
+// fp32 row at x + r * in (float weights use x; quantised ones q and d).
+struct Acts {
+  const int8_t* q;
+  const float* d;
+  const float* x;
+  int64_t in;
+};
+__host__ __device__ inline Acts shift_rows(Acts a, int64_t rows) {
+  a.q = a.q ? a.q + rows * a.in : nullptr;
+  a.d = a.d ? a.d + rows * (a.in / qb::kActBlock) : nullptr;
+  a.x = a.x ? a.x + rows * a.in : nullptr;
+  return a;
+}
+
+// A weight matrix as a kernel reads it; vec: float rows may be read 16 bytes at a time.
+struct MatArg {
+  const uint8_t* data;
+  int64_t row_bytes, expert_bytes, out, n_expert;
+  DType dtype;
+  bool vec;
+  bool q8s;  // Q8_0 in superblocks (qb::Q80S)
+};
+
+// A group of projections of one input, as the GEMV kernels walk it.
+struct Job {
+  MatArg m;
+  float* y;             // [rows, y_stride]
+  int64_t y_stride;     // = m.out
+  int64_t first_block;  // the job's first row block
+};
+struct Group {
+  Job job[kMaxJobs];
+  int n_jobs;
+  int ts, rows_per_block;
+  int64_t n_chunks;  // passes of NR activation rows; block b is chunk b % n_chunks
+};
+
+__device__ __forceinline__ float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+
+template <int NV>
+__device__ __forceinline__ void warp_sum(float (&v)[NV]) {
+  for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
+  }
+}
+
+// ---- matmul.cu -----------------------------------------------------------------------------
+bool is_quantised(DType t);
+// Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
+// reads.
+Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* workspace,
+                  cudaStream_t stream);
+
+// ---- gemv_staged.cu: quantised weights, n <= 8 rows (activations quantised by the caller) ----
+// Each returns false, having launched nothing, where it has no kernel (type, alignment, n).
+bool staging_off();                  // QWENRT_CUDA_STAGED=0
+int staged_vec_of(const MatArg& m);  // the widest tile copy the layout allows (0: none)
+bool staged_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream);
+bool staged_swiglu(const MatArg& g, const MatArg& u, float* y, int64_t n, const Acts& a,
+                   cudaStream_t stream);
+bool staged_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k, float* y,
+                           int64_t n_pairs, const Acts& a, cudaStream_t stream);
+bool staged_experts_down_pairs(const MatArg& d, const int32_t* ids, float* y, int64_t n_pairs,
+                               const Acts& a, cudaStream_t stream);
+bool staged_experts_down(const MatArg& d, const int32_t* ids, const float* weights, int k, float* y,
+                         int64_t n, const Acts& a, cudaStream_t stream);
+
+// ---- gemv_resident.cu: one activation row, x in fp32 (quantised inside) ----
+// Each returns false, having launched nothing, where it has no kernel or measured slower.
+bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
+                    cudaStream_t stream);
+bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,
+                     void* workspace, cudaStream_t stream);
+bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,
+                             const float* x, int64_t in, float* y, void* workspace,
+                             cudaStream_t stream);
+
+}  // namespace qwenrt::ops::cuda::mm
