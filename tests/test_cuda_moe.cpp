@@ -86,7 +86,8 @@ void check_case(const MoeCase& c) {
 }
 
 TEST(CudaMoe, EightExpertsTop3SeparateGateUp) {
-  check_case({8, 3, 256, 256, 256, false, true, DType::Q4_K, DType::Q6_K, DType::Q4_K, DType::Q4_K});
+  check_case(
+      {8, 3, 256, 256, 256, false, true, DType::Q4_K, DType::Q6_K, DType::Q4_K, DType::Q4_K});
 }
 
 TEST(CudaMoe, FusedGateUpWithSharedInOtherFormats) {

@@ -206,11 +206,10 @@ class SeamTest : public ::testing::TestWithParam<SeamCase> {
     if (counts) {
       const std::string backend = o.backend;
       o.make_backend = [counts, backend] {
-        return std::make_unique<CountingOps>(
-            backend == "ref"   ? ops::make_ref_ops()
-            : backend == "cuda" ? ops::make_cuda_ops()
-                                : ops::make_cpu_ops(2),
-            counts);
+        return std::make_unique<CountingOps>(backend == "ref"    ? ops::make_ref_ops()
+                                             : backend == "cuda" ? ops::make_cuda_ops()
+                                                                 : ops::make_cpu_ops(2),
+                                             counts);
       };
     }
     return Engine::load(path(), o);
@@ -375,14 +374,15 @@ TEST_P(SeamTest, WorkspacePeakDoesNotGrowWithLayers) {
   for (int i = 0; i < 2; ++i) {
     const int layers = i == 0 ? 4 : 8;
     const bool dense = GetParam().arch == model::Arch::kQwen35;
-    const std::string file = testing_support::write_tiny(
-        GetParam().arch,
-        fmt::format("seam_layers{}_{}_{}.gguf", layers, dense ? "dense" : "moe",
-                    GetParam().backend),
-        [&](model::SynthSpec& s) {
-          s.config.n_layer = layers;
-          if (std::string(GetParam().backend) == "cuda") s.config.head_dim = 64;
-        });
+    const std::string file =
+        testing_support::write_tiny(GetParam().arch,
+                                    fmt::format("seam_layers{}_{}_{}.gguf", layers,
+                                                dense ? "dense" : "moe", GetParam().backend),
+                                    [&](model::SynthSpec& s) {
+                                      s.config.n_layer = layers;
+                                      if (std::string(GetParam().backend) == "cuda")
+                                        s.config.head_dim = 64;
+                                    });
     std::map<std::string, int> counts;
     EngineOptions o;
     o.n_ctx = 256;

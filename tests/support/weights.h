@@ -10,7 +10,8 @@
 
 namespace qwenrt::testing_support {
 
-// A tensor [in, out, n_mat] of Gaussian weights (std `scale`) quantised to `type`, owning its bytes.
+// A tensor [in, out, n_mat] of Gaussian weights (std `scale`) quantised to `type`, owning its
+// bytes.
 struct QuantTensor {
   std::vector<uint8_t> bytes;
   Weight w;

@@ -146,15 +146,20 @@ struct Q4K {
   static __device__ __forceinline__ Unit load(const uint8_t* blk, int u) {
     return {load16(blk), load16(blk + 16 + 16 * u)};  // qs[32p + 16h ..] = qs + 16u
   }
-  static __device__ __forceinline__ float dot(const Unit& w, int u, const int8_t* xq,
-                                              const float* xd) {
+  // The unit's levels (0..15) as bytes: lo of sub-block 2p, hi of 2p + 1.
+  static __device__ __forceinline__ void levels(const Unit& w, uint32_t (&lo)[4],
+                                                uint32_t (&hi)[4]) {
     const uint32_t q[4] = {uint32_t(w.q.x), uint32_t(w.q.y), uint32_t(w.q.z), uint32_t(w.q.w)};
-    uint32_t lo[4], hi[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       lo[i] = q[i] & 0x0f0f0f0f;
       hi[i] = (q[i] >> 4) & 0x0f0f0f0f;
     }
+  }
+  static __device__ __forceinline__ float dot(const Unit& w, int u, const int8_t* xq,
+                                              const float* xd) {
+    uint32_t lo[4], hi[4];
+    levels(w, lo, hi);
     return k4_finish(w.hdr, u, lo, hi, xq, xd);
   }
   static __device__ __forceinline__ int act_offset(int u, int k) {
@@ -162,13 +167,8 @@ struct Q4K {
   }
   static __device__ __forceinline__ float dot_regs(const Unit& w, int u, const int4 (&a)[2],
                                                    const float (&xd)[2], const float (&xs)[2]) {
-    const uint32_t q[4] = {uint32_t(w.q.x), uint32_t(w.q.y), uint32_t(w.q.z), uint32_t(w.q.w)};
     uint32_t lo[4], hi[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      lo[i] = q[i] & 0x0f0f0f0f;
-      hi[i] = (q[i] >> 4) & 0x0f0f0f0f;
-    }
+    levels(w, lo, hi);
     return k4_finish_regs(w.hdr, u, lo, hi, a, xd, xs);
   }
 };
@@ -183,17 +183,22 @@ struct Q5K {
   static __device__ __forceinline__ Unit load(const uint8_t* blk, int u) {
     return {load16(blk), load16(blk + 16 + 16 * (u & 1)), load16(blk + 48 + 16 * u)};
   }
-  static __device__ __forceinline__ float dot(const Unit& w, int u, const int8_t* xq,
-                                              const float* xd) {
+  // The unit's levels (0..31) as bytes: lo of sub-block 2p, hi of 2p + 1 (p = u / 2).
+  static __device__ __forceinline__ void levels(const Unit& w, int u, uint32_t (&lo)[4],
+                                                uint32_t (&hi)[4]) {
     const int j0 = 2 * (u >> 1), j1 = j0 + 1;
     const uint32_t q[4] = {uint32_t(w.q.x), uint32_t(w.q.y), uint32_t(w.q.z), uint32_t(w.q.w)};
     const uint32_t qh[4] = {uint32_t(w.qh.x), uint32_t(w.qh.y), uint32_t(w.qh.z), uint32_t(w.qh.w)};
-    uint32_t lo[4], hi[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       lo[i] = (q[i] & 0x0f0f0f0f) | (((qh[i] >> j0) & 0x01010101) << 4);
       hi[i] = ((q[i] >> 4) & 0x0f0f0f0f) | (((qh[i] >> j1) & 0x01010101) << 4);
     }
+  }
+  static __device__ __forceinline__ float dot(const Unit& w, int u, const int8_t* xq,
+                                              const float* xd) {
+    uint32_t lo[4], hi[4];
+    levels(w, u, lo, hi);
     return k4_finish(w.hdr, u, lo, hi, xq, xd);
   }
   static __device__ __forceinline__ int act_offset(int u, int k) {
@@ -201,15 +206,8 @@ struct Q5K {
   }
   static __device__ __forceinline__ float dot_regs(const Unit& w, int u, const int4 (&a)[2],
                                                    const float (&xd)[2], const float (&xs)[2]) {
-    const int j0 = 2 * (u >> 1), j1 = j0 + 1;
-    const uint32_t q[4] = {uint32_t(w.q.x), uint32_t(w.q.y), uint32_t(w.q.z), uint32_t(w.q.w)};
-    const uint32_t qh[4] = {uint32_t(w.qh.x), uint32_t(w.qh.y), uint32_t(w.qh.z), uint32_t(w.qh.w)};
     uint32_t lo[4], hi[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      lo[i] = (q[i] & 0x0f0f0f0f) | (((qh[i] >> j0) & 0x01010101) << 4);
-      hi[i] = ((q[i] >> 4) & 0x0f0f0f0f) | (((qh[i] >> j1) & 0x01010101) << 4);
-    }
+    levels(w, u, lo, hi);
     return k4_finish_regs(w.hdr, u, lo, hi, a, xd, xs);
   }
 };
@@ -385,25 +383,8 @@ struct IQ4XS {
   static __device__ __forceinline__ Unit load(const uint8_t* blk, int u) {
     return {load8(blk), load8(blk + 8 + 16 * u), load8(blk + 16 + 16 * u)};
   }
-  static __device__ __forceinline__ float dot(const Unit& w, int u, const int8_t* xq,
-                                              const float* xd) {
-    const uint32_t q[4] = {w.q0.x, w.q0.y, w.q1.x, w.q1.y};
-    const int4 a0 = act16(xq + 32 * u), a1 = act16(xq + 32 * u + 16);
-    const int av0[4] = {a0.x, a0.y, a0.z, a0.w}, av1[4] = {a1.x, a1.y, a1.z, a1.w};
-    int acc = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc = dot4(iq4_lookup(q[i] & 0x0f0f0f0f), av0[i], acc);
-      acc = dot4(iq4_lookup((q[i] >> 4) & 0x0f0f0f0f), av1[i], acc);
-    }
-    const uint32_t scales_h = w.hdr.x >> 16, scales_l = w.hdr.y;
-    const int ls = ((scales_l >> (4 * u)) & 0x0f) | (((scales_h >> (2 * u)) & 3) << 4);
-    const float d = half_bits_to_float(w.hdr.x & 0xffff);
-    return d * float(ls - 32) * xd[u] * float(acc);
-  }
-  static __device__ __forceinline__ int act_offset(int u, int k) {
-    return 32 * u + 16 * k;
-  }
+  static __device__ __forceinline__ int act_offset(int u, int k) { return 32 * u + 16 * k; }
+  // Both halves of the unit's activations belong to one 32-block: one scale, xd[0].
   static __device__ __forceinline__ float dot_regs(const Unit& w, int u, const int4 (&a)[2],
                                                    const float (&xd)[2], const float (&)[2]) {
     const uint32_t q[4] = {w.q0.x, w.q0.y, w.q1.x, w.q1.y};
@@ -417,6 +398,12 @@ struct IQ4XS {
     const uint32_t scales_h = w.hdr.x >> 16, scales_l = w.hdr.y;
     const int ls = ((scales_l >> (4 * u)) & 0x0f) | (((scales_h >> (2 * u)) & 3) << 4);
     return half_bits_to_float(w.hdr.x & 0xffff) * float(ls - 32) * xd[0] * float(acc);
+  }
+  static __device__ __forceinline__ float dot(const Unit& w, int u, const int8_t* xq,
+                                              const float* xd) {
+    const int4 a[2] = {act16(xq + 32 * u), act16(xq + 32 * u + 16)};
+    const float d[2] = {xd[u], xd[u]}, unused[2] = {0.0f, 0.0f};
+    return dot_regs(w, u, a, d, unused);
   }
 };
 
