@@ -434,6 +434,19 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
   return true;
 }
 
+// The arguments of the two-matrix modes: gate and up rows side by side, y the SwiGLU output.
+ResidentArgs gate_up_args(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y) {
+  ResidentArgs a{};
+  a.data[0] = g.data;
+  a.data[1] = u.data;
+  a.row_bytes[0] = g.row_bytes;
+  a.row_bytes[1] = u.row_bytes;
+  a.y[0] = y;
+  a.x = x;
+  a.in = static_cast<int>(in);
+  return a;
+}
+
 }  // namespace
 
 bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
@@ -460,15 +473,8 @@ bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
 bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,
                      void* workspace, cudaStream_t stream) {
   if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
-  ResidentArgs a{};
-  a.data[0] = g.data;
-  a.data[1] = u.data;
-  a.row_bytes[0] = g.row_bytes;
-  a.row_bytes[1] = u.row_bytes;
-  a.y[0] = y;
+  ResidentArgs a = gate_up_args(g, u, x, in, y);
   a.total_rows = g.out;
-  a.x = x;
-  a.in = static_cast<int>(in);
   return resident<kResSwiglu>(g, a, workspace, stream);
 }
 
@@ -476,20 +482,13 @@ bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* id
                              const float* x, int64_t in, float* y, void* workspace,
                              cudaStream_t stream) {
   if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
-  ResidentArgs a{};
-  a.data[0] = g.data;
-  a.data[1] = u.data;
-  a.row_bytes[0] = g.row_bytes;
-  a.row_bytes[1] = u.row_bytes;
+  ResidentArgs a = gate_up_args(g, u, x, in, y);
   a.expert_bytes[0] = g.expert_bytes;
   a.expert_bytes[1] = u.expert_bytes;
-  a.y[0] = y;
   a.ff = g.out;
   a.total_rows = int64_t{k} * g.out;
   a.ids = ids;
   a.n_expert = g.n_expert;
-  a.x = x;
-  a.in = static_cast<int>(in);
   return resident<kResExperts>(g, a, workspace, stream);
 }
 
