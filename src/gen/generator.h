@@ -16,7 +16,8 @@
 
 namespace qwenrt::gen {
 
-enum class FinishReason { kStopToken, kStopString, kLength };
+// kCancelled and kError end scheduler sequences only (cancel(), or a failed step).
+enum class FinishReason { kStopToken, kStopString, kLength, kCancelled, kError };
 const char* finish_reason_name(FinishReason reason);
 
 struct GenerationOptions {

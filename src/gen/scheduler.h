@@ -1,0 +1,132 @@
+// Continuous batching: many sequences advanced together, one Engine::step_sample per iteration.
+//
+// A sequence is one request's life: its prompt (token ids), sampling settings, stop rules, thinking
+// budget, streaming detokeniser (whole UTF-8 characters, text that could still become a stop
+// string held back) and, for chat requests, the reply parser (reasoning / content / tool calls).
+// The scheduler admits queued sequences while engine slots are free, builds each step's batch
+// (decode rows of running sequences first, then prompt chunks up to the step's token budget),
+// samples on the backend, and hands every sequence its update after the step. `run` / `chat` are
+// the one-sequence case; the server runs it with many.
+//
+// Threads: submit, cancel, shutdown and stats may be called from any thread; step and run from one
+// thread (the scheduler's). Sinks are called on the scheduler's thread and must not block.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chat/parse.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "gen/generator.h"
+#include "sample/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qwenrt::gen {
+
+// What one sequence asks for. The prompt is already rendered and tokenized (gen/turn.h for chat).
+struct SequenceParams {
+  std::vector<int32_t> prompt;  // non-empty, shorter than the context
+  int max_tokens = 512;         // generated tokens, forced ones included
+  std::vector<std::string> stop;       // stop strings; the text stops before the first one
+  bool starts_in_thinking = false;     // the prompt ends inside an open <think>
+  std::optional<int> thinking_budget;  // tokens allowed inside <think> before it is closed
+  // Text forced (tokenized, fed without sampling) as soon as the reply is outside the think block:
+  // right after </think> (or its forced close), or first when the reply does not start in one. The
+  // model continues after it (tool_choice required / named: "<tool_call>\n<function=NAME>\n").
+  std::string forced_after_thinking;
+  sample::SamplingParams sampling;
+  // -1: no log-probabilities; 0..ops::kMaxTopLogprobs: each generated token's log-probability and
+  // this many most likely alternatives.
+  int top_logprobs = -1;
+  // Set: the generated text is also read by a chat::ReplyParser with these options.
+  std::optional<chat::ReplyParserOptions> parse;
+};
+
+struct TokenLogprob {
+  int32_t id = -1;
+  float logprob = 0.0f;                          // of the raw logits (ops::SampledToken)
+  std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first
+};
+
+// Handed to a sequence's sink after each step that advanced it, and once more (done) at its end.
+struct SequenceUpdate {
+  uint64_t id = 0;
+  std::string text;                      // newly final text (stop strings never appear)
+  std::vector<chat::ReplyEvent> events;  // what the reply parser completed (parse set)
+  std::vector<TokenLogprob> logprobs;    // the tokens generated since the last update (top_logprobs >= 0)
+  bool done = false;
+  // Set when done:
+  FinishReason finish = FinishReason::kLength;
+  std::string error;         // finish == kError: what went wrong
+  chat::ParsedReply reply;   // the whole parsed reply (parse set)
+  int64_t n_prompt = 0;      // prompt tokens
+  int64_t n_cached = 0;      // prompt tokens reused from a cache (0 until the prefix cache)
+  int64_t n_generated = 0;   // generated tokens (forced included, stop token excluded)
+  double queue_seconds = 0;  // submit to admission
+  double prompt_seconds = 0; // admission to the first generated token
+  double generate_seconds = 0;  // first generated token to the end
+};
+using Sink = std::function<void(SequenceUpdate&&)>;
+
+struct SchedulerOptions {
+  int max_queue = 256;    // sequences waiting for a slot; submit beyond that throws QueueFull
+  int step_tokens = 512;  // token budget of one step: decode rows first, then prompt chunks
+};
+
+struct SchedulerStats {
+  int running = 0;
+  int queued = 0;
+  int64_t kv_pages_in_use = 0;
+  uint64_t submitted = 0, finished = 0, cancelled = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start
+};
+
+// submit() when the queue is full (the server answers 429).
+class QueueFull : public Error {
+ public:
+  using Error::Error;
+};
+// submit() after shutdown() (the server answers 503).
+class ShuttingDown : public Error {
+ public:
+  using Error::Error;
+};
+
+class Scheduler {
+ public:
+  // The engine's slots are the sequences that can run at once.
+  Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer,
+            SchedulerOptions options = {});
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Validates (empty prompt, prompt too long for the context, empty stop string, top_logprobs out
+  // of range: Error naming the problem) and queues; returns the sequence's id. QueueFull,
+  // ShuttingDown as above.
+  uint64_t submit(SequenceParams params, Sink sink);
+  // The sequence ends with FinishReason::kCancelled before or at the next step, its slot freed;
+  // unknown or finished ids are ignored.
+  void cancel(uint64_t id);
+  // One iteration on the calling thread: admit, one engine step over all running sequences,
+  // deliver updates. Returns false when nothing was running or queued (nothing was done).
+  bool step();
+  // Steps until shutdown() (and, with drain, until the running and queued sequences end); sleeps
+  // while idle.
+  void run();
+  // Stops accepting; drain: run() returns when everything submitted has finished; otherwise
+  // everything still running or queued is cancelled.
+  void shutdown(bool drain);
+  SchedulerStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qwenrt::gen
