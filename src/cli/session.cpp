@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "chat/prompt.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "tokenizer/utf8.h"
@@ -74,26 +73,18 @@ Session::Session(const TurnOptions& options) : options_(options) {
   tokenizer_ =
       std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(engine_->file()));
   dialect_ = chat::dialect_for(engine_->identity().checkpoint);
+  scheduler_ = std::make_unique<gen::Scheduler>(*engine_, *tokenizer_);
   log(LogLevel::kInfo, "model {} ({}), chat dialect {}", engine_->identity().name,
       engine_->config().arch_name, chat::dialect_name(dialect_));
 }
 
 chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking,
                                  const chat::Json& tools) {
-  chat::RenderOptions ro;
-  ro.enable_thinking = thinking;
-  const std::string rendered = chat::render_chat(dialect_, messages, tools, ro);
-  const auto prompt = chat::encode_prompt(*tokenizer_, rendered, chat::literal_texts(messages));
-
-  gen::GenerationOptions go;
-  go.max_tokens = options_.max_tokens;
-  go.stop = options_.stop;
-  go.starts_in_thinking = thinking;
-  go.thinking_budget = options_.thinking_budget;
-  go.sampling = sample::resolve(options_.sampling, engine_->identity().checkpoint, thinking);
+  gen::ChatTurn turn{.messages = messages, .tools = tools};
+  turn.render.enable_thinking = thinking;
+  gen::PreparedTurn prepared = gen::prepare_turn(*tokenizer_, dialect_, turn);
 
   const bool tty = isatty(STDOUT_FILENO);
-  chat::ReplyParser parser({.starts_in_reasoning = thinking, .tools = tools});
   bool in_reasoning = false;
   auto print = [&](const std::vector<chat::ReplyEvent>& events) {
     for (const auto& e : events) {
@@ -119,18 +110,34 @@ chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking,
     }
     std::fflush(stdout);
   };
-  gen::Generator generator(*engine_, *tokenizer_);
-  const auto result =
-      generator.generate(prompt, go, [&](const std::string& text) { print(parser.feed(text)); });
-  print(parser.finish());
+  // One sequence through the scheduler the server uses: the same loop, stop rules and parser.
+  gen::SequenceUpdate last;
+  bool done = false;
+  scheduler_->submit({.prompt = std::move(prepared.prompt),
+                      .max_tokens = options_.max_tokens,
+                      .stop = options_.stop,
+                      .starts_in_thinking = prepared.thinking,
+                      .thinking_budget = options_.thinking_budget,
+                      .sampling = sample::resolve(options_.sampling, engine_->identity().checkpoint,
+                                                  prepared.thinking),
+                      .parse = std::move(prepared.parse)},
+                     [&](gen::SequenceUpdate&& u) {
+                       print(u.events);
+                       if (!u.done) return;
+                       done = true;
+                       last = std::move(u);
+                     });
+  while (!done && scheduler_->step()) {
+  }
+  if (last.finish == gen::FinishReason::kError) fail("generation failed: {}", last.error);
   if (in_reasoning && tty) std::fputs("\x1b[0m", stdout);
   std::fputs("\n", stdout);
   std::fflush(stdout);
   fmt::print(stderr, "[prompt {} tokens, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s | {}]\n",
-             result.n_prompt, result.n_prompt / std::max(result.prompt_seconds, 1e-9),
-             result.tokens.size(), result.tokens.size() / std::max(result.generate_seconds, 1e-9),
-             gen::finish_reason_name(result.finish));
-  return parser.result();
+             last.n_prompt, last.n_prompt / std::max(last.prompt_seconds, 1e-9), last.n_generated,
+             last.n_generated / std::max(last.generate_seconds, 1e-9),
+             gen::finish_reason_name(last.finish));
+  return last.reply;
 }
 
 }  // namespace qwenrt::cli

@@ -1,5 +1,6 @@
-// What `run` and `chat` share: model resolution, loading, one assistant turn (render, tokenize,
-// generate, stream reasoning / content / tool calls to the terminal) and the speed line.
+// What `run` and `chat` share: model resolution, loading, one assistant turn (gen::prepare_turn,
+// one sequence through gen::Scheduler, reasoning / content / tool calls streamed to the terminal)
+// and the speed line.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -13,7 +14,8 @@
 #include "cli/backend_options.h"
 #include "cli/model_option.h"
 #include "engine/engine.h"
-#include "gen/generator.h"
+#include "gen/scheduler.h"
+#include "gen/turn.h"
 #include "sample/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -62,6 +64,7 @@ class Session {
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   chat::Dialect dialect_;
+  std::unique_ptr<gen::Scheduler> scheduler_;  // one sequence at a time
 };
 
 }  // namespace qwenrt::cli

@@ -1,7 +1,8 @@
-// The generation loop over Engine::step: prefill, then sample token by token until <|im_end|> or
+// One sequence generated to its end: prefill, then sample token by token until <|im_end|> or
 // <|endoftext|>, a user stop string (never emitted), or max tokens; an optional thinking budget
 // closes an open <think> block by forcing "\n</think>\n\n"; text streams out through a callback
-// as whole UTF-8 characters, held back while it could still become a stop string.
+// as whole UTF-8 characters, held back while it could still become a stop string. The loop itself
+// is the Scheduler's (gen/scheduler.h) with one sequence; this is its blocking form.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,6 @@ struct GenerationOptions {
   bool starts_in_thinking = false;     // the prompt ends inside an open <think>
   std::optional<int> thinking_budget;  // tokens allowed inside <think> before it is closed
   sample::SamplingParams sampling;
-  int slot = 0;             // engine slot; it is reset before the prompt
   int prefill_chunk = 512;  // prompt tokens per step
 };
 
@@ -43,16 +43,14 @@ class Generator {
  public:
   Generator(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer);
 
-  // `on_text` receives the text as it becomes final (may be null).
+  // `on_text` receives the text as it becomes final (may be null). The engine must be idle: the
+  // sequence takes its first free slot (0), which is reset before the prompt.
   GenerationResult generate(const std::vector<int32_t>& prompt, const GenerationOptions& options,
                             const std::function<void(const std::string&)>& on_text = nullptr);
 
  private:
   engine::Engine& engine_;
   const tokenizer::Tokenizer& tokenizer_;
-  std::vector<int32_t> stop_ids_;
-  std::optional<int32_t> think_end_;
-  std::vector<int32_t> close_thinking_;  // "\n</think>\n\n" as tokens
 };
 
 }  // namespace qwenrt::gen

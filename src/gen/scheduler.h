@@ -30,8 +30,8 @@ namespace qwenrt::gen {
 
 // What one sequence asks for. The prompt is already rendered and tokenized (gen/turn.h for chat).
 struct SequenceParams {
-  std::vector<int32_t> prompt;  // non-empty, shorter than the context
-  int max_tokens = 512;         // generated tokens, forced ones included
+  std::vector<int32_t> prompt;         // non-empty, shorter than the context
+  int max_tokens = 512;                // generated tokens, forced ones included
   std::vector<std::string> stop;       // stop strings; the text stops before the first one
   bool starts_in_thinking = false;     // the prompt ends inside an open <think>
   std::optional<int> thinking_budget;  // tokens allowed inside <think> before it is closed
@@ -49,26 +49,32 @@ struct SequenceParams {
 
 struct TokenLogprob {
   int32_t id = -1;
-  float logprob = 0.0f;                          // of the raw logits (ops::SampledToken)
+  float logprob = 0.0f;                        // of the raw logits (ops::SampledToken)
   std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first
 };
 
-// Handed to a sequence's sink after each step that advanced it, and once more (done) at its end.
+// Handed to a sequence's sink after each step that gave it a token (a prompt chunk that does not
+// end the prompt gives none), and once more (done) at its end. The done update is the last one and
+// may carry text, events and tokens of its own (the step that ended it, held-back text flushed).
 struct SequenceUpdate {
   uint64_t id = 0;
   std::string text;                      // newly final text (stop strings never appear)
   std::vector<chat::ReplyEvent> events;  // what the reply parser completed (parse set)
-  std::vector<TokenLogprob> logprobs;    // the tokens generated since the last update (top_logprobs >= 0)
+  // The tokens generated since the last update (top_logprobs >= 0), one entry per token of
+  // `tokens`. A forced token (thinking budget, forced_after_thinking) was not sampled: its entry
+  // has logprob 0 and no alternatives.
+  std::vector<TokenLogprob> logprobs;
+  std::vector<int32_t> tokens;  // the ids generated since the last update (forced included)
   bool done = false;
   // Set when done:
   FinishReason finish = FinishReason::kLength;
-  std::string error;         // finish == kError: what went wrong
-  chat::ParsedReply reply;   // the whole parsed reply (parse set)
-  int64_t n_prompt = 0;      // prompt tokens
-  int64_t n_cached = 0;      // prompt tokens reused from a cache (0 until the prefix cache)
-  int64_t n_generated = 0;   // generated tokens (forced included, stop token excluded)
-  double queue_seconds = 0;  // submit to admission
-  double prompt_seconds = 0; // admission to the first generated token
+  std::string error;            // finish == kError: what went wrong
+  chat::ParsedReply reply;      // the whole parsed reply (parse set)
+  int64_t n_prompt = 0;         // prompt tokens
+  int64_t n_cached = 0;         // prompt tokens reused from a cache (0 until the prefix cache)
+  int64_t n_generated = 0;      // generated tokens (forced included, stop token excluded)
+  double queue_seconds = 0;     // submit to admission
+  double prompt_seconds = 0;    // admission to the first generated token
   double generate_seconds = 0;  // first generated token to the end
 };
 using Sink = std::function<void(SequenceUpdate&&)>;
@@ -82,8 +88,8 @@ struct SchedulerStats {
   int running = 0;
   int queued = 0;
   int64_t kv_pages_in_use = 0;
-  uint64_t submitted = 0, finished = 0, cancelled = 0;
-  uint64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start
+  uint64_t submitted = 0, finished = 0, cancelled = 0;  // finished: every end, cancelled included
+  uint64_t prompt_tokens = 0, generated_tokens = 0;     // totals since start
 };
 
 // submit() when the queue is full (the server answers 429).

@@ -1,0 +1,513 @@
+#include "gen/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <unordered_set>
+#include <utility>
+
+#include "core/log.h"
+#include "gen/defaults.h"
+
+namespace qwenrt::gen {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// Length of the longest suffix of `text` that is a proper prefix of some stop string: that much
+// must be held back because the next token may complete a stop string.
+size_t held_back(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const auto& s : stops) {
+    for (size_t n = std::min(s.size() - 1, text.size()); n > hold; --n) {
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+// One request's life from submit to its done update.
+struct Sequence {
+  Sequence(uint64_t id_, SequenceParams params_, Sink sink_, const tokenizer::Tokenizer& tokenizer)
+      : id(id_),
+        params(std::move(params_)),
+        sink(std::move(sink_)),
+        sampler(params.sampling),
+        thinking(params.starts_in_thinking),
+        decoder(tokenizer) {
+    if (params.parse) parser.emplace(*params.parse);
+  }
+
+  bool prefilling() const { return n_prompt_fed < params.prompt.size(); }
+
+  uint64_t id;
+  SequenceParams params;
+  Sink sink;
+  sample::Sampler sampler;
+  std::vector<int32_t> forced_after_thinking;  // params.forced_after_thinking as tokens
+  int slot = -1;
+  size_t n_prompt_fed = 0;         // prompt tokens the engine holds
+  int64_t position = 0;            // where the next fed token goes
+  int32_t next_token = -1;         // decoding: the accepted token the next step feeds
+  std::deque<int32_t> forced;      // tokens that follow next_token without sampling
+  std::vector<int32_t> generated;  // forced included, stop token excluded (the penalties' history)
+  bool thinking;
+  int thinking_tokens = 0;
+  tokenizer::StreamDecoder decoder;
+  std::string pending;  // decoded text not yet emitted (may hold a stop-string prefix)
+  std::optional<chat::ReplyParser> parser;
+  bool cancel_requested = false;  // guarded by the scheduler's mutex
+  SequenceUpdate update;          // what the current step produced
+  Clock::time_point t_submit, t_admit, t_first;
+  bool has_first = false;
+};
+
+// A sequence's part of the step being built.
+struct Entry {
+  Sequence* seq;
+  bool samples;     // its last row wants a sampled token
+  bool gets_token;  // the step ends its input (a decode row or the prompt's last chunk)
+  int32_t n_rows;
+};
+
+}  // namespace
+
+struct Scheduler::Impl {
+  Impl(engine::Engine& engine_, const tokenizer::Tokenizer& tokenizer_, SchedulerOptions options_)
+      : engine(engine_), tokenizer(tokenizer_), options(options_) {
+    if (options.step_tokens < 1)
+      fail("scheduler: step_tokens must be >= 1, got {}", options.step_tokens);
+    if (options.max_queue < 0) fail("scheduler: max_queue must be >= 0, got {}", options.max_queue);
+    for (const auto& stop : stop_tokens(tokenizer)) stop_ids.push_back(stop.second);
+    if (stop_ids.empty())
+      fail("tokenizer has neither <|im_end|> nor <|endoftext|>: generation could not stop");
+    think_end = tokenizer.token_id("</think>");
+    if (think_end) close_thinking = tokenizer.encode("\n</think>\n\n", true);
+    const int n_slots = engine.states().n_slots();
+    slots.resize(n_slots);
+  }
+
+  ~Impl() {
+    // Sequences still here get no done update (their sinks may be gone); their slots are emptied.
+    for (auto& s : slots) {
+      if (s) engine.states().reset(s->slot);
+    }
+  }
+
+  std::unique_ptr<Sequence> make_sequence(SequenceParams params, Sink sink);
+  // Admits, cancels, runs one engine step and finishes what ended; fills `out` with the updates
+  // to deliver (outside the lock).
+  bool step_locked_parts(std::vector<std::pair<Sink*, SequenceUpdate>>& out);
+  void admit(Sequence& seq);
+  void accept(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
+  void emit(Sequence& seq, size_t n);
+  void finish(Sequence& seq, FinishReason reason, std::string error = {});
+  void release(Sequence& seq);
+  int64_t kv_pages() {
+    return engine.states().pages_in_use(state::Track::kTrunk) +
+           engine.states().pages_in_use(state::Track::kMtp);
+  }
+
+  engine::Engine& engine;
+  const tokenizer::Tokenizer& tokenizer;
+  SchedulerOptions options;
+  std::vector<int32_t> stop_ids;
+  std::optional<int32_t> think_end;
+  std::vector<int32_t> close_thinking;  // "\n</think>\n\n" as tokens
+
+  // Guarded by mutex: the queue, cancel requests, the flags and the counters.
+  mutable std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<std::unique_ptr<Sequence>> queue;
+  std::unordered_set<uint64_t> cancel_requests;
+  bool shutting_down = false, drain = false;
+  uint64_t next_id = 1;
+  SchedulerStats stats;
+
+  // The scheduler thread's own (running ones are also counted in stats.running under the lock).
+  std::vector<std::unique_ptr<Sequence>> slots;  // by engine slot; null = free
+  std::vector<Sequence*> order;                  // running sequences in admission order
+  std::vector<std::unique_ptr<Sequence>> ended;  // finished this step, delivered after it
+  engine::Batch batch;
+  std::vector<Entry> entries;
+  std::vector<ops::SamplingRow> rows;
+  std::vector<ops::SampledToken> sampled;
+};
+
+std::unique_ptr<Sequence> Scheduler::Impl::make_sequence(SequenceParams params, Sink sink) {
+  const auto& p = params;
+  if (p.prompt.empty()) fail("the prompt is empty");
+  const int64_t n_ctx = engine.states().n_ctx();
+  if (static_cast<int64_t>(p.prompt.size()) >= n_ctx) {
+    fail("the prompt has {} tokens; the context holds {} (prompt + at least one generated token)",
+         p.prompt.size(), n_ctx);
+  }
+  const int32_t n_vocab = engine.config().n_vocab;
+  for (size_t i = 0; i < p.prompt.size(); ++i) {
+    if (p.prompt[i] < 0 || p.prompt[i] >= n_vocab)
+      fail("prompt token {}: id {} is outside the vocabulary of {}", i, p.prompt[i], n_vocab);
+  }
+  if (p.max_tokens < 1) fail("max_tokens must be at least 1, got {}", p.max_tokens);
+  for (size_t i = 0; i < p.stop.size(); ++i) {
+    if (p.stop[i].empty()) fail("stop string {} is empty (stop strings must not be empty)", i);
+  }
+  if (p.top_logprobs < -1 || p.top_logprobs > ops::kMaxTopLogprobs) {
+    fail("top_logprobs must be in [0, {}] (or -1 for none), got {}", ops::kMaxTopLogprobs,
+         p.top_logprobs);
+  }
+  for (const auto& [id, bias] : p.sampling.logit_bias) {
+    if (id < 0 || id >= n_vocab)
+      fail("logit_bias: token id {} is outside the vocabulary of {}", id, n_vocab);
+  }
+  if (p.thinking_budget && !think_end)
+    fail("thinking budget set but the vocabulary has no </think>");
+  if (p.thinking_budget && *p.thinking_budget < 0)
+    fail("thinking budget must be >= 0, got {}", *p.thinking_budget);
+  auto seq = std::make_unique<Sequence>(0, std::move(params), std::move(sink), tokenizer);
+  if (!seq->params.forced_after_thinking.empty())
+    seq->forced_after_thinking = tokenizer.encode(seq->params.forced_after_thinking, true);
+  return seq;
+}
+
+void Scheduler::Impl::admit(Sequence& seq) {
+  engine.states().reset(seq.slot);
+  seq.t_admit = Clock::now();
+  seq.position = 0;
+  // What the reply starts with when it starts outside a think block, or when a zero budget
+  // closes the block at once.
+  if (!seq.thinking) {
+    seq.forced.assign(seq.forced_after_thinking.begin(), seq.forced_after_thinking.end());
+  } else if (seq.params.thinking_budget && *seq.params.thinking_budget == 0) {
+    seq.forced.assign(close_thinking.begin(), close_thinking.end());
+  }
+}
+
+void Scheduler::Impl::emit(Sequence& seq, size_t n) {
+  if (n == 0) return;
+  std::string out = seq.pending.substr(0, n);
+  seq.pending.erase(0, n);
+  if (seq.parser) {
+    for (auto& e : seq.parser->feed(out)) seq.update.events.push_back(std::move(e));
+  }
+  seq.update.text += out;
+}
+
+// The token the sequence produced (sampled, or forced when `sampled` is null): the generation
+// semantics of one token, as gen::Generator had them.
+void Scheduler::Impl::accept(Sequence& seq, int32_t token, const ops::SampledToken* sampled) {
+  if (!seq.has_first) {
+    seq.has_first = true;
+    seq.t_first = Clock::now();
+  }
+  if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+    finish(seq, FinishReason::kStopToken);
+    return;
+  }
+  seq.generated.push_back(token);
+  seq.update.tokens.push_back(token);
+  if (seq.params.top_logprobs >= 0) {
+    TokenLogprob lp{.id = token};
+    if (sampled) {
+      lp.logprob = sampled->logprob;
+      const int n = std::min(seq.params.top_logprobs, sampled->n_top);
+      for (int i = 0; i < n; ++i)
+        lp.top.emplace_back(sampled->top_ids[i], sampled->top_logprobs[i]);
+    }
+    seq.update.logprobs.push_back(std::move(lp));
+  }
+  if (seq.thinking) {
+    if (think_end && token == *think_end) {
+      seq.thinking = false;
+      seq.forced.insert(seq.forced.end(), seq.forced_after_thinking.begin(),
+                        seq.forced_after_thinking.end());
+    } else if (++seq.thinking_tokens == seq.params.thinking_budget.value_or(-1) &&
+               seq.forced.empty()) {
+      seq.forced.assign(close_thinking.begin(), close_thinking.end());
+    }
+  }
+  seq.pending += seq.decoder.push(token);
+  bool hit = false;
+  for (const auto& s : seq.params.stop) {
+    if (size_t at = seq.pending.find(s); at != std::string::npos) {
+      seq.pending.resize(at);
+      hit = true;
+    }
+  }
+  if (hit) {
+    emit(seq, seq.pending.size());
+    finish(seq, FinishReason::kStopString);
+    return;
+  }
+  emit(seq, seq.pending.size() - held_back(seq.pending, seq.params.stop));
+  if (static_cast<int>(seq.generated.size()) >= seq.params.max_tokens ||
+      seq.position + 1 >= engine.states().n_ctx()) {  // the context is full: finish as length
+    finish(seq, FinishReason::kLength);
+    return;
+  }
+  seq.next_token = token;
+}
+
+void Scheduler::Impl::finish(Sequence& seq, FinishReason reason, std::string error) {
+  const auto now = Clock::now();
+  if (reason != FinishReason::kStopString) {
+    seq.pending += seq.decoder.finish();
+    emit(seq, seq.pending.size());
+  }
+  auto& u = seq.update;
+  if (seq.parser) {
+    for (auto& e : seq.parser->finish()) u.events.push_back(std::move(e));
+    u.reply = seq.parser->result();
+  }
+  u.done = true;
+  u.finish = reason;
+  u.error = std::move(error);
+  u.n_prompt = static_cast<int64_t>(seq.params.prompt.size());
+  u.n_cached = 0;
+  u.n_generated = static_cast<int64_t>(seq.generated.size());
+  if (seq.slot >= 0) {
+    u.queue_seconds = seconds_between(seq.t_submit, seq.t_admit);
+    u.prompt_seconds = seconds_between(seq.t_admit, seq.has_first ? seq.t_first : now);
+    u.generate_seconds = seq.has_first ? seconds_between(seq.t_first, now) : 0.0;
+  } else {
+    u.queue_seconds = seconds_between(seq.t_submit, now);
+  }
+  release(seq);
+}
+
+// Frees the slot; the sequence moves to `ended` (its done update goes out after the step).
+void Scheduler::Impl::release(Sequence& seq) {
+  if (seq.slot < 0) return;  // never admitted: the caller moved it out of the queue
+  engine.states().reset(seq.slot);
+  order.erase(std::find(order.begin(), order.end(), &seq));
+  ended.push_back(std::move(slots[seq.slot]));
+  seq.slot = -1;
+}
+
+bool Scheduler::Impl::step_locked_parts(std::vector<std::pair<Sink*, SequenceUpdate>>& out) {
+  std::vector<std::unique_ptr<Sequence>> cancelled_queued;
+  std::vector<Sequence*> cancelled_running;
+  std::vector<Sequence*> admitted;
+  {
+    std::lock_guard lock(mutex);
+    if (queue.empty() && order.empty()) {
+      cancel_requests.clear();
+      return false;
+    }
+    const bool cancel_all = shutting_down && !drain;
+    for (auto it = queue.begin(); it != queue.end();) {
+      if (cancel_all || cancel_requests.count((*it)->id)) {
+        cancel_requests.erase((*it)->id);
+        cancelled_queued.push_back(std::move(*it));
+        it = queue.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (Sequence* s : order) {
+      if (cancel_all || cancel_requests.count(s->id)) {
+        cancel_requests.erase(s->id);
+        cancelled_running.push_back(s);
+      }
+    }
+    cancel_requests.clear();  // the rest name sequences that have ended
+    for (int slot = 0; slot < static_cast<int>(slots.size()) && !queue.empty(); ++slot) {
+      if (slots[slot]) continue;
+      slots[slot] = std::move(queue.front());
+      queue.pop_front();
+      slots[slot]->slot = slot;
+      order.push_back(slots[slot].get());
+      admitted.push_back(slots[slot].get());
+    }
+    stats.queued = static_cast<int>(queue.size());
+    stats.running = static_cast<int>(order.size());
+  }
+  for (auto& s : cancelled_queued) {
+    finish(*s, FinishReason::kCancelled);
+    ended.push_back(std::move(s));
+  }
+  for (Sequence* s : cancelled_running) finish(*s, FinishReason::kCancelled);
+  for (Sequence* s : admitted) admit(*s);
+
+  // The batch: decode rows of running sequences first, then prompt chunks up to the budget.
+  batch.clear();
+  entries.clear();
+  rows.clear();
+  int n_top = 0;
+  uint64_t prompt_rows = 0;
+  for (Sequence* s : order) {
+    if (s->prefilling()) continue;
+    const bool samples = s->forced.empty();
+    batch.add(s->slot, s->next_token, static_cast<int32_t>(s->position), samples);
+    entries.push_back({.seq = s, .samples = samples, .gets_token = true, .n_rows = 1});
+  }
+  for (Sequence* s : order) {
+    const int64_t room = options.step_tokens - static_cast<int64_t>(batch.size());
+    if (room <= 0) break;
+    if (!s->prefilling()) continue;
+    const size_t n = std::min<size_t>(room, s->params.prompt.size() - s->n_prompt_fed);
+    const bool last = s->n_prompt_fed + n == s->params.prompt.size();
+    const bool samples = last && s->forced.empty();
+    for (size_t j = s->n_prompt_fed; j < s->n_prompt_fed + n; ++j) {
+      batch.add(s->slot, s->params.prompt[j], static_cast<int32_t>(j),
+                samples && j + 1 == s->params.prompt.size());
+    }
+    entries.push_back(
+        {.seq = s, .samples = samples, .gets_token = last, .n_rows = static_cast<int32_t>(n)});
+    prompt_rows += n;
+  }
+  // Sampling rows in batch order; their history spans stay valid until the step returns.
+  for (const Entry& e : entries) {
+    if (!e.samples) continue;
+    rows.push_back(e.seq->sampler.next_row(e.seq->generated));
+    n_top = std::max(n_top, e.seq->params.top_logprobs);
+  }
+
+  uint64_t generated_before = 0;
+  for (const Entry& e : entries) generated_before += e.seq->generated.size();
+  if (batch.size() > 0) {
+    bool failed = false;
+    std::string error;
+    try {
+      engine.step_sample(batch, rows, n_top, sampled);
+    } catch (const std::exception& ex) {
+      failed = true;
+      error = ex.what();
+    }
+    if (failed) {
+      log(LogLevel::kWarn, "scheduler: a step of {} rows failed: {}", batch.size(), error);
+      for (const Entry& e : entries) finish(*e.seq, FinishReason::kError, error);
+      prompt_rows = 0;
+    } else {
+      size_t k = 0;
+      for (const Entry& e : entries) {
+        Sequence& s = *e.seq;
+        if (s.prefilling()) {
+          s.n_prompt_fed += e.n_rows;
+          s.position += e.n_rows;
+        } else {
+          ++s.position;
+        }
+        if (!e.gets_token) continue;
+        if (e.samples) {
+          const ops::SampledToken& t = sampled.at(k++);
+          accept(s, t.id, &t);
+        } else {
+          const int32_t token = s.forced.front();
+          s.forced.pop_front();
+          accept(s, token, nullptr);
+        }
+      }
+    }
+  }
+  uint64_t generated_after = 0;
+  for (const Entry& e : entries) generated_after += e.seq->generated.size();
+
+  {
+    std::lock_guard lock(mutex);
+    stats.running = static_cast<int>(order.size());
+    stats.queued = static_cast<int>(queue.size());
+    stats.kv_pages_in_use = kv_pages();
+    stats.prompt_tokens += prompt_rows;
+    stats.generated_tokens += generated_after - generated_before;
+    for (const auto& s : ended) {
+      ++stats.finished;
+      if (s->update.finish == FinishReason::kCancelled) ++stats.cancelled;
+    }
+  }
+  // Updates: every sequence that ended, and every one that got a token this step.
+  for (auto& s : ended) out.emplace_back(&s->sink, std::move(s->update));
+  for (Sequence* s : order) {
+    auto& u = s->update;
+    if (u.text.empty() && u.events.empty() && u.tokens.empty()) continue;
+    out.emplace_back(&s->sink, std::move(u));
+    s->update = SequenceUpdate{.id = s->id};
+  }
+  return true;
+}
+
+Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer,
+                     SchedulerOptions options)
+    : impl_(std::make_unique<Impl>(engine, tokenizer, options)) {}
+
+Scheduler::~Scheduler() = default;
+
+uint64_t Scheduler::submit(SequenceParams params, Sink sink) {
+  auto seq = impl_->make_sequence(std::move(params), std::move(sink));
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->shutting_down) throw ShuttingDown("the scheduler is shutting down");
+  if (static_cast<int>(impl_->queue.size()) >= impl_->options.max_queue) {
+    throw QueueFull(fmt::format("the queue is full ({} sequences waiting)", impl_->queue.size()));
+  }
+  seq->id = impl_->next_id++;
+  seq->update.id = seq->id;
+  seq->t_submit = Clock::now();
+  const uint64_t id = seq->id;
+  impl_->queue.push_back(std::move(seq));
+  ++impl_->stats.submitted;
+  impl_->stats.queued = static_cast<int>(impl_->queue.size());
+  impl_->wake.notify_all();
+  return id;
+}
+
+void Scheduler::cancel(uint64_t id) {
+  std::lock_guard lock(impl_->mutex);
+  if (id == 0 || id >= impl_->next_id) return;
+  impl_->cancel_requests.insert(id);
+  impl_->wake.notify_all();
+}
+
+bool Scheduler::step() {
+  std::vector<std::pair<Sink*, SequenceUpdate>> out;
+  const bool did = impl_->step_locked_parts(out);
+  // Sinks run outside the lock (they may submit or cancel); the ended sequences that own some of
+  // them live until every update is out.
+  for (auto& [sink, update] : out) {
+    if (!*sink) continue;
+    try {
+      (*sink)(std::move(update));
+    } catch (const std::exception& e) {
+      log(LogLevel::kWarn, "scheduler: a sink threw: {}", e.what());
+    }
+  }
+  impl_->ended.clear();
+  return did;
+}
+
+void Scheduler::run() {
+  auto& m = *impl_;
+  for (;;) {
+    {
+      std::unique_lock lock(m.mutex);
+      // order is this thread's own; stats.running mirrors it under the lock.
+      m.wake.wait(lock, [&] { return m.shutting_down || !m.queue.empty() || m.stats.running > 0; });
+      if (m.shutting_down && m.queue.empty() && m.stats.running == 0) return;
+    }
+    step();
+  }
+}
+
+void Scheduler::shutdown(bool drain) {
+  std::lock_guard lock(impl_->mutex);
+  if (!impl_->shutting_down) impl_->drain = drain;
+  // A later shutdown(false) still cancels what a draining one would have waited for.
+  if (!drain) impl_->drain = false;
+  impl_->shutting_down = true;
+  impl_->wake.notify_all();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->stats;
+}
+
+}  // namespace qwenrt::gen
