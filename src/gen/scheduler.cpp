@@ -66,8 +66,7 @@ struct Sequence {
   tokenizer::StreamDecoder decoder;
   std::string pending;  // decoded text not yet emitted (may hold a stop-string prefix)
   std::optional<chat::ReplyParser> parser;
-  bool cancel_requested = false;  // guarded by the scheduler's mutex
-  SequenceUpdate update;          // what the current step produced
+  SequenceUpdate update;  // what the current step produced
   Clock::time_point t_submit, t_admit, t_first;
   bool has_first = false;
 };
@@ -107,7 +106,7 @@ struct Scheduler::Impl {
   std::unique_ptr<Sequence> make_sequence(SequenceParams params, Sink sink);
   // Admits, cancels, runs one engine step and finishes what ended; fills `out` with the updates
   // to deliver (outside the lock).
-  bool step_locked_parts(std::vector<std::pair<Sink*, SequenceUpdate>>& out);
+  bool iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out);
   void admit(Sequence& seq);
   void accept(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
   void emit(Sequence& seq, size_t n);
@@ -293,7 +292,7 @@ void Scheduler::Impl::release(Sequence& seq) {
   seq.slot = -1;
 }
 
-bool Scheduler::Impl::step_locked_parts(std::vector<std::pair<Sink*, SequenceUpdate>>& out) {
+bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out) {
   std::vector<std::unique_ptr<Sequence>> cancelled_queued;
   std::vector<Sequence*> cancelled_running;
   std::vector<Sequence*> admitted;
@@ -468,7 +467,7 @@ void Scheduler::cancel(uint64_t id) {
 
 bool Scheduler::step() {
   std::vector<std::pair<Sink*, SequenceUpdate>> out;
-  const bool did = impl_->step_locked_parts(out);
+  const bool did = impl_->iterate(out);
   // Sinks run outside the lock (they may submit or cancel); the ended sequences that own some of
   // them live until every update is out.
   for (auto& [sink, update] : out) {

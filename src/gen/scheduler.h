@@ -80,8 +80,10 @@ struct SequenceUpdate {
 using Sink = std::function<void(SequenceUpdate&&)>;
 
 struct SchedulerOptions {
-  int max_queue = 256;    // sequences waiting for a slot; submit beyond that throws QueueFull
-  int step_tokens = 512;  // token budget of one step: decode rows first, then prompt chunks
+  int max_queue = 256;  // sequences waiting for a slot; submit beyond that throws QueueFull
+  // Token budget of one step: decode rows first (every running sequence's, even beyond the
+  // budget), then prompt chunks in admission order up to it.
+  int step_tokens = 512;
 };
 
 struct SchedulerStats {
@@ -108,6 +110,7 @@ class Scheduler {
   // The engine's slots are the sequences that can run at once.
   Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer,
             SchedulerOptions options = {});
+  // Sequences still queued or running get no done update; their slots are emptied.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
