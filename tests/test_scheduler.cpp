@@ -44,6 +44,7 @@ class WatchedOps final : public ops::Ops {
   struct Log {
     std::vector<StepRecord> steps;
     int samples = 0;
+    std::vector<double> draws;  // every sampled row's uniform draw, in order
     bool fail_next_step = false;
   };
   WatchedOps(std::unique_ptr<ops::Ops> inner, Log* log) : inner_(std::move(inner)), log_(log) {}
@@ -117,6 +118,7 @@ class WatchedOps final : public ops::Ops {
   void sample(const float* l, int64_t v, const ops::SamplingRow* r, int t,
               ops::SampledToken* o) override {
     ++log_->samples;
+    for (int64_t i = 0; i < log_->steps.back().n_output_rows; ++i) log_->draws.push_back(r[i].u);
     inner_->sample(l, v, r, t, o);
   }
 
@@ -734,6 +736,36 @@ TEST_F(SchedulerTest, ForcedTextStartsAReplyOutsideThinking) {
   }
 }
 
+TEST_F(SchedulerTest, ForcedTokensDrawNothingFromTheSampler) {
+  WatchedOps::Log log;
+  auto e = load(
+      {.make_backend = [&] { return std::make_unique<WatchedOps>(ops::make_cpu_ops(0), &log); }});
+  Scheduler s(*e, *tokenizer_);
+  const std::string forced = "<tool_call>\n<function=get>\n";
+  const auto forced_ids = tokenizer_->encode(forced, true);
+  SequenceParams p;
+  p.prompt = prompt(4);
+  p.max_tokens = int(forced_ids.size()) + 6;
+  p.forced_after_thinking = forced;
+  p.sampling.temperature = 1.0f;
+  p.sampling.seed = 1234;
+  p.sampling.logit_bias = {{im_end_, -100.0f}, {eot_, -100.0f}};
+  Outcome o;
+  s.submit(p, collect(o));
+  run_until_idle(s);
+  ASSERT_EQ(o.tokens.size(), size_t(p.max_tokens));
+  // Only the six sampled tokens drew, and they drew the seeded sequence from its start.
+  sample::Sampler fresh(p.sampling);
+  ASSERT_EQ(log.draws.size(), 6u);
+  for (size_t k = 0; k < log.draws.size(); ++k) EXPECT_EQ(log.draws[k], fresh.next_row({}).u) << k;
+  // No step wanted a sample while forced tokens were being fed: the prompt, one step per forced
+  // token, then the sampled ones (the last needs no step of its own).
+  int sampling_steps = 0;
+  for (const auto& st : log.steps) sampling_steps += st.n_output_rows > 0 ? 1 : 0;
+  EXPECT_EQ(sampling_steps, 6);
+  EXPECT_EQ(log.steps.size(), 1 + forced_ids.size() + 5);
+}
+
 TEST_F(SchedulerTest, ForcedTextFollowsAGeneratedThinkEnd) {
   Scheduler s(*engine_, *tokenizer_);
   const std::string forced = "<tool_call>\n<function=get>\n";
@@ -841,14 +873,17 @@ TEST_F(SchedulerTest, ConcurrentSubmittersWhileRunning) {
     submitters.emplace_back([&, t] {
       for (int k = 0; k < kEach; ++k) {
         const int i = t * kEach + k;
-        s.submit(greedy(prompt(i), 4 + i % 3),
-                 [&, i, inner = collect(out[i])](SequenceUpdate&& u) mutable {
-                   std::lock_guard lock(m);
-                   const bool last = u.done;
-                   inner(std::move(u));
-                   if (last) ++done;
-                   cv.notify_all();
-                 });
+        // The last thread cancels every other sequence of its own as soon as it is in.
+        const bool cancel = t == kThreads - 1 && k % 2 == 1;
+        const uint64_t id = s.submit(greedy(prompt(i), cancel ? 300 : 4 + i % 3),
+                                     [&, i, inner = collect(out[i])](SequenceUpdate&& u) mutable {
+                                       std::lock_guard lock(m);
+                                       const bool last = u.done;
+                                       inner(std::move(u));
+                                       if (last) ++done;
+                                       cv.notify_all();
+                                     });
+        if (cancel) s.cancel(id);
         std::this_thread::sleep_for(std::chrono::milliseconds(k % 2));
       }
     });
@@ -861,15 +896,24 @@ TEST_F(SchedulerTest, ConcurrentSubmittersWhileRunning) {
   }
   s.shutdown(true);
   runner.join();
+  int cancelled = 0;
   for (int i = 0; i < kThreads * kEach; ++i) {
     EXPECT_EQ(out[i].dones, 1) << i;
     EXPECT_FALSE(out[i].update_after_done) << i;
+    if (i / kEach == kThreads - 1 && i % 2 == 1) {
+      EXPECT_EQ(out[i].last.finish, FinishReason::kCancelled) << i;
+      EXPECT_LT(out[i].tokens.size(), 300u);
+      ++cancelled;
+      continue;
+    }
+    EXPECT_EQ(out[i].last.finish, FinishReason::kLength) << i;
     EXPECT_EQ(out[i].tokens, alone[i].tokens) << i;
     EXPECT_EQ(out[i].text, alone[i].text) << i;
   }
   const auto st = s.stats();
   EXPECT_EQ(st.submitted, uint64_t(kThreads * kEach));
   EXPECT_EQ(st.finished, uint64_t(kThreads * kEach));
+  EXPECT_EQ(st.cancelled, uint64_t(cancelled));
   EXPECT_EQ(st.kv_pages_in_use, 0);
 }
 
