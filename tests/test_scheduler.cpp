@@ -135,7 +135,8 @@ struct Outcome {
   std::vector<chat::ReplyEvent> events;
   int updates = 0, dones = 0;
   bool update_after_done = false;
-  SequenceUpdate last;  // the done update
+  bool split_character = false;  // some update's text was not whole UTF-8 characters
+  SequenceUpdate last;           // the done update
 };
 
 // How close (in nats) the alone run's two best tokens may be where a batch on the cpu matmul's
@@ -147,6 +148,7 @@ Sink collect(Outcome& o) {
   return [&o](SequenceUpdate&& u) {
     if (o.dones > 0) o.update_after_done = true;
     ++o.updates;
+    if (tokenizer::utf8_lossy(u.text) != u.text) o.split_character = true;
     o.text += u.text;
     o.tokens.insert(o.tokens.end(), u.tokens.begin(), u.tokens.end());
     o.logprobs.insert(o.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
@@ -378,6 +380,11 @@ TEST_F(SchedulerTest, SeededSequencesAreTheSameAloneAndInABatch) {
   EXPECT_EQ(a2.text, a.text);
   EXPECT_EQ(b2.tokens, b.tokens);
   EXPECT_NE(mix[2].tokens, a.tokens);
+  // Hot sampling wanders into byte tokens: every update still carries whole characters.
+  for (const Outcome* x : {&a, &b, &a2, &b2, &mix[0], &mix[2], &mix[3], &mix[4]}) {
+    EXPECT_FALSE(x->split_character);
+    EXPECT_EQ(x->text, tokenizer::utf8_lossy(tokenizer_->decode(x->tokens)));
+  }
 }
 
 // --- one step per iteration --------------------------------------------------------------------
@@ -502,7 +509,14 @@ TEST_F(SchedulerTest, QueueFullAndShuttingDown) {
     EXPECT_EQ(x.dones, 1);
     EXPECT_EQ(x.last.finish, FinishReason::kLength);
     EXPECT_EQ(x.tokens.size(), 2u);
+    EXPECT_EQ(x.last.n_generated, 2);
+    EXPECT_EQ(x.last.n_prompt, int64_t(prompt(int(&x - o)).size()));
+    EXPECT_GT(x.last.prompt_seconds, 0.0);
+    EXPECT_GT(x.last.generate_seconds, 0.0);
   }
+  // One slot: the second waited in the queue for the whole of the first.
+  EXPECT_GE(o[1].last.queue_seconds, o[0].last.prompt_seconds + o[0].last.generate_seconds);
+  EXPECT_GE(o[2].last.queue_seconds, o[1].last.prompt_seconds + o[1].last.generate_seconds);
   EXPECT_EQ(s.stats().submitted, 3u);
 }
 
