@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The sanitizer job: an ASan+UBSan build (clang) running the whole suite, the malformed-GGUF corpus
-# included, then a short libFuzzer run of the GGUF reader. Any sanitizer report fails it.
+# included, then short libFuzzer runs of the GGUF reader and of the server's request readers. Any
+# sanitizer report fails it.
 #   bash tools/sanitize.sh [fuzz seconds, default 60]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +25,11 @@ cp tests/fixtures/malformed/*.gguf "$corpus"/ 2>/dev/null || true
 dict=()
 [ -f fuzz/gguf.dict ] && dict=(-dict=fuzz/gguf.dict)
 build-asan/gguf_reader_fuzz "$corpus" "${dict[@]}" -max_total_time="$fuzz_seconds" \
+  -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 20
+# The server's request readers and reply writers (fuzz/serve_request_fuzz.cpp), seeded with
+# fuzz/serve_corpus/; new inputs go to a scratch copy.
+serve_corpus=$(mktemp -d)
+trap 'rm -rf "$corpus" "$serve_corpus"' EXIT
+cp fuzz/serve_corpus/* "$serve_corpus"/
+build-asan/serve_request_fuzz "$serve_corpus" -max_total_time="$fuzz_seconds" -max_len=4096 \
   -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 20

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libfmt-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libcpp-httplib-dev
+          libfmt-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libboost-dev
           libcurl4-openssl-dev libssl-dev python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do

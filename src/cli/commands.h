@@ -21,5 +21,6 @@ Run add_perplexity(CLI::App& app);
 Run add_bench(CLI::App& app);
 Run add_pull(CLI::App& app);
 Run add_ls(CLI::App& app);
+Run add_serve(CLI::App& app);
 
 }  // namespace qwenrt::cli

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   add(&qwenrt::cli::add_bench);
   add(&qwenrt::cli::add_pull);
   add(&qwenrt::cli::add_ls);
+  add(&qwenrt::cli::add_serve);
 
   CLI11_PARSE(app, argc, argv);
   try {
