@@ -16,6 +16,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ops/cuda/kernels.h"
@@ -341,7 +342,7 @@ TEST(CudaMatmulLaunchers, SwiGluMatchesReference) {
       auto dx = to_device(x.data(), n * in * 4);
       auto dy = poisoned(n * ff);
       const Matrix mg = device_matrix(hg, *dg), mu = device_matrix(hu, *du);
-      DeviceBuffer ws(std::max(matmul_workspace_bytes(mg, n), matmul_workspace_bytes(mu, n)));
+      DeviceBuffer ws(matmul_swiglu_workspace_bytes(mg, n));
       matmul_swiglu(mg, mu, dx->f(), dy->f(), n, ws.ptr, nullptr);
       const double tol = int8_path(tg) ? 2.5e-2 : 1e-5;
       EXPECT_LT(rel_l2(to_host(*dy, n * ff), want), tol)
@@ -430,6 +431,137 @@ TEST(CudaMatmulLaunchers, ExpertsMatchReference) {
     check_experts(DType::Q4_K, true, 256 * 3, 256, 8, 3, n, rng);
     check_experts(DType::Q6_K, false, 256, 256, 6, 2, n, rng);
     check_experts(DType::Q8_0, true, 32 * 5, 32 * 3, 5, 4, n, rng);
+  }
+}
+
+// ---- MoE prefill: the grouped expert GEMMs -----------------------------------------------------
+// The routed experts of many rows through order_by_expert + grouped_experts_swiglu / _down against
+// the reference, per pair; `skew` sends every row to the first k experts (tiles of many pairs per
+// expert), otherwise choices are random (some experts get no pair).
+void check_grouped(DType type, bool q8s, bool fused, int64_t dim, int64_t ff, int n_expert, int k,
+                   int64_t n, bool skew, std::mt19937& rng) {
+  const std::string what = std::string(dtype_name(type)) + (q8s ? " superblocks" : "") +
+                           (fused ? " fused" : "") + (skew ? " skewed" : "") +
+                           " n=" + std::to_string(n) + " experts=" + std::to_string(n_expert);
+  const HostWeight hgu = make_weight(type, dim, fused ? 2 * ff : ff, n_expert, rng);
+  const HostWeight hu = make_weight(type, dim, ff, n_expert, rng);
+  const HostWeight hd = make_weight(type, ff, dim, n_expert, rng);
+  const std::vector<float> x = random_floats(n * dim, rng);
+  std::vector<int32_t> ids(n * k);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int32_t> order(n_expert);
+    std::iota(order.begin(), order.end(), 0);
+    if (!skew) std::shuffle(order.begin(), order.end(), rng);
+    for (int j = 0; j < k; ++j) ids[t * k + j] = order[j];
+  }
+  const Weight wgu{"gate", hgu.view}, wu{"up", hu.view}, wd{"down", hd.view};
+  std::vector<float> act(n * k * ff), g(2 * ff), u(ff);
+  for (int64_t p = 0; p < n * k; ++p) {
+    const int e = ids[p];
+    ref::matmul(wgu.expert(e), x.data() + (p / k) * dim, g.data(), 1);
+    if (fused)
+      std::copy(g.begin() + ff, g.begin() + 2 * ff, u.begin());
+    else
+      ref::matmul(wu.expert(e), x.data() + (p / k) * dim, u.data(), 1);
+    ref::silu_mul(g.data(), u.data(), act.data() + p * ff, ff);
+  }
+
+  // Q8_0 is placed as superblocks only where rows are whole superblocks, as the backend does.
+  const PlacedWeight pgu = place_weight(hgu, q8s && dim % 256 == 0),
+                     pu = place_weight(hu, q8s && dim % 256 == 0),
+                     pd = place_weight(hd, q8s && ff % 256 == 0);
+  Matrix gate = pgu.m, up = pu.m;
+  if (fused) {
+    gate.out = ff;
+    up = gate;
+    up.data = static_cast<const uint8_t*>(pgu.m.data) + ff * pgu.m.row_bytes;
+  }
+  ASSERT_TRUE(grouped_experts_fit(gate) && grouped_experts_fit(pd.m)) << what;
+  auto dx = to_device(x.data(), n * dim * 4);
+  auto dids = to_device(ids.data(), n * k * 4);
+  auto dact = poisoned(n * k * ff);
+  auto dpairs = poisoned(n * k * dim);
+  DeviceBuffer ws(expert_order_workspace_bytes(n * k, n_expert));
+  const ExpertOrder order =
+      order_by_expert(static_cast<const int32_t*>(dids->ptr), n * k, n_expert, ws.ptr, nullptr);
+  grouped_experts_swiglu(gate, up, order, k, dx->f(), dact->f(), nullptr);
+  const std::vector<float> got_act = to_host(*dact, n * k * ff);
+  EXPECT_LT(rel_l2(got_act, act), 2.5e-2) << "grouped swiglu " << what;
+
+  // The order itself: a permutation of the pairs, expert by expert, with consistent starts.
+  std::vector<int32_t> pairs(n * k), pair_start(n_expert + 1), tile_start(n_expert + 1);
+  cudaMemcpy(pairs.data(), order.pairs, pairs.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(pair_start.data(), order.pair_start, pair_start.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(tile_start.data(), order.tile_start, tile_start.size() * 4, cudaMemcpyDeviceToHost);
+  std::vector<int32_t> sorted = pairs;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int32_t> all(n * k);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(sorted, all) << what;
+  EXPECT_EQ(pair_start[0], 0);
+  EXPECT_EQ(pair_start[n_expert], n * k);
+  int64_t tiles = 0;
+  for (int e = 0; e < n_expert; ++e) {
+    const int64_t count = std::count(ids.begin(), ids.end(), e);
+    EXPECT_EQ(pair_start[e + 1] - pair_start[e], count) << what << " expert " << e;
+    for (int32_t i = pair_start[e]; i < pair_start[e + 1]; ++i)
+      EXPECT_EQ(ids[pairs[i]], e) << what << " position " << i;
+    EXPECT_EQ(tile_start[e], tiles) << what << " expert " << e;
+    tiles += (count + 31) / 32;
+  }
+  EXPECT_LE(tiles, order.max_tiles);
+
+  std::vector<float> want_pairs(n * k * dim);
+  for (int64_t p = 0; p < n * k; ++p)
+    ref::matmul(wd.expert(ids[p]), got_act.data() + p * ff, want_pairs.data() + p * dim, 1);
+  grouped_experts_down(pd.m, order, dact->f(), dpairs->f(), nullptr);
+  EXPECT_LT(rel_l2(to_host(*dpairs, n * k * dim), want_pairs), 2.5e-2) << "grouped down " << what;
+}
+
+TEST(CudaMatmulLaunchers, GroupedExpertsMatchReference) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(29);
+  for (int64_t n : {1, 33, 100}) {
+    check_grouped(DType::Q4_K, false, false, 256 * 3, 256, 8, 3, n, false, rng);
+    check_grouped(DType::Q4_K, false, true, 256 * 3, 512, 8, 3, n, true, rng);
+  }
+  check_grouped(DType::Q4_K, false, true, 512, 256, 64, 4, 257, false, rng);  // empty experts
+  check_grouped(DType::Q5_K, false, false, 256, 256, 6, 2, 40, false, rng);
+  check_grouped(DType::Q6_K, false, false, 256, 256, 6, 2, 40, true, rng);
+  check_grouped(DType::IQ4_XS, false, false, 256, 256, 6, 2, 40, false, rng);
+  check_grouped(DType::Q8_0, true, true, 512, 256, 5, 4, 50, false, rng);
+  check_grouped(DType::Q8_0, true, false, 512, 192, 5, 4, 50, true, rng);
+  check_grouped(DType::Q8_0, false, false, 192, 128, 5, 2, 50, true, rng);
+  check_grouped(DType::Q4_0, false, false, 192, 128, 5, 2, 50, false, rng);
+  check_grouped(DType::F32, false, false, 128, 64, 4, 2, 37, false, rng);
+}
+
+// The prefill GEMM path (n >= 32 rows: weights expanded, cuBLAS) on the shapes of a real layer
+// slice, every type, against the reference (the matmul tests above cover n = 33 and 200 on small
+// shapes too).
+TEST(CudaMatmulLaunchers, PrefillGemmMatchesReference) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(31);
+  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS, DType::Q8_0,
+                     DType::Q4_0, DType::F16, DType::BF16, DType::F32}) {
+    for (bool q8s : {false, true}) {
+      if (q8s && type != DType::Q8_0) continue;
+      const int64_t in = 1024, out = 700, n = 77;
+      const HostWeight hw = make_weight(type, in, out, 1, rng);
+      const std::vector<float> x = random_floats(n * in, rng);
+      std::vector<float> want(n * out);
+      ref::matmul(Weight{"w", hw.view}, x.data(), want.data(), n);
+      const PlacedWeight pw = place_weight(hw, q8s);
+      auto dx = to_device(x.data(), n * in * 4);
+      auto dy = poisoned(n * out);
+      DeviceBuffer ws(matmul_workspace_bytes(pw.m, n));
+      matmul(pw.m, dx->f(), dy->f(), n, ws.ptr, nullptr);
+      const std::vector<float> got = to_host(*dy, n * out);
+      EXPECT_LT(scaled_max_err(got, want, x, hw, n, in, out), scaled_tol(type))
+          << dtype_name(type) << (q8s ? " superblocks" : "");
+      EXPECT_LT(rel_l2(got, want), int8_path(type) ? 1e-2 : 1e-5)
+          << dtype_name(type) << (q8s ? " superblocks" : "");
+    }
   }
 }
 

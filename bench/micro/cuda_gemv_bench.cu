@@ -6,12 +6,16 @@
 // reps that rotate among enough weight copies to exceed the 60 MB L2, and reported as weight
 // bytes per second and the share of the 4.27 TB/s measured copy bandwidth.
 //
-//   cuda_gemv_bench [reps]   (default 50)
+//   cuda_gemv_bench [reps] [rows]   (default 50 reps; rows: n values, default 1,4,8)
+// QWENRT_BENCH_TYPES=Q4_K,Q8_0sb limits the types. With n >= 32 the launchers run the prefill GEMM
+// (QWENRT_CUDA_GEMM_ROWS=0 keeps them on the GEMV kernels): the last column is then TFLOP/s.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "ops/cuda/kernels.h"
@@ -72,15 +76,32 @@ struct Copy {
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
+  std::vector<int> rows_list = {1, 4, 8};
+  if (argc > 2) {
+    rows_list.clear();
+    for (const char* p = argv[2]; *p;) {
+      rows_list.push_back(std::max(1, std::atoi(p)));
+      while (*p && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+  }
+  const char* type_filter = std::getenv("QWENRT_BENCH_TYPES");
+  auto wanted = [&](const char* name) {
+    if (type_filter == nullptr || *type_filter == '\0') return true;
+    const std::string list = std::string(",") + type_filter + ",";
+    return list.find(std::string(",") + name + ",") != std::string::npos;
+  };
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
   cudaEvent_t start, stop;
   BENCH_CUDA(cudaEventCreate(&start));
   BENCH_CUDA(cudaEventCreate(&stop));
 
-  std::printf("%-8s %-20s %2s %10s %9s %7s\n", "type", "shape", "n", "us/launch", "GB/s", "% peak");
+  std::printf("%-8s %-20s %4s %10s %9s %7s %8s\n", "type", "shape", "n", "us/launch", "GB/s",
+              "% peak", "TFLOP/s");
   for (const Shape& s : kShapes) {
     for (const TypeInfo& t : kTypes) {
+      if (!wanted(t.name)) continue;
       const int64_t row_bytes = s.in / t.block_elems * t.block_bytes;
       const int64_t n_mat = s.experts ? kExperts : 1;
       const int64_t tensor_bytes = row_bytes * s.out * n_mat;
@@ -99,7 +120,7 @@ int main(int argc, char** argv) {
           BENCH_CUDA(cudaMemset(c.up, 0x11, tensor_bytes));
         }
       }
-      for (int n : {1, 4, 8}) {
+      for (int n : rows_list) {
         Matrix w{.dtype = t.type,
                  .in = s.in,
                  .out = s.out,
@@ -119,7 +140,9 @@ int main(int argc, char** argv) {
         float *x, *y;
         int32_t* ids;
         void* ws;
-        const int64_t ws_bytes = std::max<int64_t>(16, matmul_workspace_bytes(w, x_rows));
+        const int64_t ws_bytes =
+            std::max<int64_t>({16, matmul_workspace_bytes(w, x_rows),
+                               s.experts ? 0 : matmul_swiglu_workspace_bytes(w, x_rows)});
         BENCH_CUDA(cudaMalloc(&x, hx.size() * 4));
         BENCH_CUDA(cudaMalloc(&y, y_rows * s.out * 4));
         BENCH_CUDA(cudaMalloc(&ids, hids.size() * 4));
@@ -156,8 +179,9 @@ int main(int argc, char** argv) {
                              : s.swiglu ? 2.0 * row_bytes * s.out
                                         : double(row_bytes) * s.out;
         const double gbs = bytes / (us * 1e-6) / 1e9;
-        std::printf("%-8s %-20s %2d %10.2f %9.1f %6.1f%%\n", t.name, s.name, n, us, gbs,
-                    100.0 * gbs / kRooflineGBs);
+        const double flops = 2.0 * n * s.in * s.out * (pair ? 2 : 1) * (s.experts ? kTopK : 1);
+        std::printf("%-8s %-20s %4d %10.2f %9.1f %6.1f%% %8.1f\n", t.name, s.name, n, us, gbs,
+                    100.0 * gbs / kRooflineGBs, flops / (us * 1e-6) / 1e12);
         BENCH_CUDA(cudaFree(x));
         BENCH_CUDA(cudaFree(y));
         BENCH_CUDA(cudaFree(ids));

@@ -2,7 +2,9 @@
 # On the GPU machine (through the device tool), from the repository root: the CUDA tests, the
 # kernel micro-benchmarks and a profile of batch-1 decode on a full-size synthetic file, with the
 # binaries built here (build-cuda/) and the shared libraries the GPU image lacks (.carry/lib).
-#   bash tools/cuda/device_check.sh [tests] [micro] [profile] [all-tests]
+#   bash tools/cuda/device_check.sh [tests] [micro] [profile] [prefill] [all-tests]
+# prefill: prompt processing (512 and 4,096 tokens) of the 35B-A3B and 27B Q4_K_M files, timed and
+# then per op class (QWENRT_CUDA_PROFILE=1).
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -11,6 +13,8 @@ export LD_LIBRARY_PATH="$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 src_dir=$(strings build-cuda/qwenrt_tests | grep -m1 -E '^/.*/src/ops/cuda/cuda_ops.cpp$' | sed 's#/src/ops/cuda/cuda_ops.cpp$##')
 if [ -n "$src_dir" ] && [ ! -e "$src_dir" ]; then mkdir -p "$(dirname "$src_dir")"; ln -s "$PWD" "$src_dir"; fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+# The tests' verdict again at the very end (the output's tail is what comes back first).
+trap 'for f in "$out"/tests-*.log; do [ -f "$f" ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$f" | tail -20; done' EXIT
 for what in "$@"; do
   case $what in
     tests)
@@ -25,5 +29,17 @@ for what in "$@"; do
       [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-35B-A3B --quant Q4_K_M --out $f > /dev/null
       timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 512 -n 128 -d 512 -b 0 -r 3 2>&1 | tee "$out/bench35.txt"
       QWENRT_CUDA_PROFILE=1 timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 512 -n 64 -d 512 -b 0 -r 1 2>&1 | tee "$out/profile35.txt" ;;
+    prefill)
+      for m in 35B-A3B 27B; do
+        f=/tmp/synth-$m.gguf
+        [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-$m --quant Q4_K_M --out $f > /dev/null
+        timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 512,4096 -n 32 -b 0 -r 3 2>&1 | tee "$out/prefill-$m.txt"
+        # The same binary with the prefill GEMMs off (the GEMV kernels over chunks of 8 rows).
+        QWENRT_CUDA_GEMM_ROWS=0 QWENRT_CUDA_GROUPED_ROWS=0 timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 512 -n 32 -b 0 -r 1 2>&1 | tee "$out/prefill-gemv-$m.txt"
+        QWENRT_CUDA_PROFILE=1 timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 512 -n 1 -b 0 -r 1 2>&1 | tee "$out/prefill-profile-$m.txt"
+      done ;;
+    gemm)
+      QWENRT_BENCH_TYPES=Q4_K,Q5_K,Q6_K,IQ4_XS,Q8_0sb timeout 200 build-cuda/cuda_gemv_bench 5 32,128,512 2>&1 | tee "$out/gemm-bench.txt"
+      QWENRT_CUDA_GEMM_ROWS=0 QWENRT_BENCH_TYPES=Q4_K,Q8_0sb timeout 200 build-cuda/cuda_gemv_bench 3 32,128 2>&1 | tee "$out/gemm-bench-gemv.txt" ;;
   esac
 done

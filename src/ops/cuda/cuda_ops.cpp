@@ -173,6 +173,10 @@ class CudaOps final : public Ops {
       QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     profile_ = env_flag("QWENRT_CUDA_PROFILE", false);
     graphs_enabled_ = env_flag("QWENRT_CUDA_GRAPHS", true) && !profile_;
+    if (const char* v = std::getenv("QWENRT_CUDA_GROUPED_ROWS"); v != nullptr && *v != '\0') {
+      const long long r = std::atoll(v);
+      grouped_min_rows_ = r <= 0 ? INT64_MAX : r;
+    }
   }
 
   ~CudaOps() override {
@@ -392,7 +396,7 @@ class CudaOps final : public Ops {
     float* mid = alloc(n * ff);
     const Matrix g = matrix(gate), u = matrix(up), d = matrix(down);
     const int64_t ws_bytes =
-        std::max(cuda::matmul_workspace_bytes(g, n), cuda::matmul_workspace_bytes(d, n));
+        std::max(cuda::matmul_swiglu_workspace_bytes(g, n), cuda::matmul_workspace_bytes(d, n));
     if (skip(ws_bytes)) return;
     Scope s(this, kFfn);
     cuda::matmul_swiglu(g, u, x, mid, n, ws_, stream_);
@@ -444,8 +448,13 @@ class CudaOps final : public Ops {
                                  cuda::matmul_workspace_bytes(down, n * k)});
     if (shared) {
       ws_bytes = std::max(
-          {ws_bytes, cuda::matmul_workspace_bytes(sg, n), cuda::matmul_workspace_bytes(sd, n)});
+          {ws_bytes, cuda::matmul_swiglu_workspace_bytes(sg, n), cuda::matmul_workspace_bytes(sd, n)});
     }
+    // Many rows: the routed experts as grouped GEMMs over the pairs ordered by expert.
+    const bool grouped = n >= grouped_min_rows_ && cuda::grouped_experts_fit(gate) &&
+                         cuda::grouped_experts_fit(down);
+    void* order_ws =
+        grouped ? arena_.take(cuda::expert_order_workspace_bytes(n * k, n_expert)) : nullptr;
     // The shared expert runs on the side stream, beside the routed experts (its own workspace).
     void* side_ws = shared ? arena_.take(ws_bytes) : nullptr;
     if (skip(ws_bytes)) return;
@@ -461,6 +470,14 @@ class CudaOps final : public Ops {
     cuda::moe_route(logits, n, n_expert, k, ids, weights, x,
                     shared ? ref::f32_data(w.shared_gate_inp) : nullptr, dim, shared_scale,
                     stream_);
+    if (grouped) {
+      const cuda::ExpertOrder order = cuda::order_by_expert(ids, n * k, n_expert, order_ws, stream_);
+      cuda::grouped_experts_swiglu(gate, up, order, k, x, mid, stream_);
+      cuda::grouped_experts_down(down, order, mid, pairs, stream_);
+      if (shared) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+      cuda::moe_combine_pairs(pairs, weights, k, sout, shared_scale, out, n, dim, stream_);
+      return;
+    }
     cuda::experts_swiglu(gate, up, ids, k, x, mid, n, ws_, stream_);
     // Each routed expert's down on its own warps, summed with the shared expert in the combine;
     // the looping kernel where the type has no staged path.
@@ -826,6 +843,9 @@ class CudaOps final : public Ops {
   DeviceBuffer sample_dev_, sample_out_dev_;
 
   bool graphs_enabled_ = true;
+  // MoE steps of at least this many rows run the routed experts as grouped GEMMs
+  // (QWENRT_CUDA_GROUPED_ROWS; 0: never).
+  int64_t grouped_min_rows_ = 32;
   Mode mode_ = Mode::kEager;
   std::map<GraphKey, Graph> graphs_;
   std::map<GraphKey, int> seen_;

@@ -71,7 +71,9 @@ struct Projection {
 int64_t matmul_group_workspace_bytes(const Projection* p, int n_p, int64_t n);
 void matmul_group(const Projection* p, int n_p, const float* x, int64_t n, void* workspace,
                   cudaStream_t stream);
-// y [n, ff] = silu(x @ Wg^T) * (x @ Wu^T): the SwiGLU of a dense FFN or a shared expert.
+// y [n, ff] = silu(x @ Wg^T) * (x @ Wu^T): the SwiGLU of a dense FFN or a shared expert, with a
+// workspace of matmul_swiglu_workspace_bytes.
+int64_t matmul_swiglu_workspace_bytes(const Matrix& gate, int64_t n);
 void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* y, int64_t n,
                    void* workspace, cudaStream_t stream);
 // Routed experts (ref::moe_experts), ids [n, k] on the device:
@@ -89,6 +91,29 @@ bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const flo
 // out [n, in] = rows tokens[0..n) of table (ref::embed_rows; ids are checked on the host).
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
                 cudaStream_t stream);
+
+// ---- MoE prefill (moe_gemm.cu): routed experts of many rows as grouped tensor-core GEMMs ----
+// The pairs (row r, choice j) = r * k + j of ids [n, k], grouped by expert on the device.
+struct ExpertOrder {
+  const int32_t* pairs = nullptr;       // [n_pairs]: pair indices, expert by expert
+  const int32_t* pair_start = nullptr;  // [n_expert + 1]: each expert's first position in pairs
+  const int32_t* tile_start = nullptr;  // [n_expert + 1]: each expert's first tile of pairs
+  int n_expert = 0;
+  int64_t n_pairs = 0;
+  int64_t max_tiles = 0;  // host-known bound on the tiles (the grouped launches' grid)
+};
+// Whether the grouped kernels take this expert tensor (a type with a kernel, in % 64 == 0).
+bool grouped_experts_fit(const Matrix& w);
+int64_t expert_order_workspace_bytes(int64_t n_pairs, int n_expert);
+ExpertOrder order_by_expert(const int32_t* ids, int64_t n_pairs, int n_expert, void* workspace,
+                            cudaStream_t stream);
+// experts_swiglu's result (y [n * k, ff], pair order) from the ordered pairs; x [n, in]. Weights
+// dequantised to bf16 and x rounded to bf16, fp32 accumulation.
+void grouped_experts_swiglu(const Matrix& gate, const Matrix& up, const ExpertOrder& order, int k,
+                            const float* x, float* y, cudaStream_t stream);
+// experts_down_pairs's result (y_pairs [n * k, out]) from x [n * k, in], the same way.
+void grouped_experts_down(const Matrix& down, const ExpertOrder& order, const float* x,
+                          float* y_pairs, cudaStream_t stream);
 
 // ---- Elementwise (elementwise.cu) ----
 void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,

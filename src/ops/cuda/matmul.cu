@@ -566,6 +566,12 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
     g.job[i].first_block = blocks;
     blocks += (p[i].w.out + g.rows_per_block - 1) / g.rows_per_block;
   }
+  if (std::all_of(p, p + n_p, [&](const Projection& q) { return gemm_rows(q.w, n); })) {
+    const void* xb = any_quant ? gemm_prepare_x(x, n, in, workspace, stream) : nullptr;
+    for (int i = 0; i < n_p; ++i)
+      gemm(p[i].w, is_quantised(p[i].w.dtype) ? xb : x, n, p[i].y, p[i].w.out, workspace, stream);
+    return;
+  }
   if (n == 1 && any_quant && resident_group(g, x, in, workspace, stream)) return;
   const Acts a = prepare_acts(x, n, in, any_quant, workspace, stream);
   if (any_quant && staged_group(g, n, a, stream)) return;
@@ -664,7 +670,13 @@ bool has_kernel(DType type) {
 }
 
 int64_t matmul_workspace_bytes(const Matrix& w, int64_t n) {
+  if (gemm_rows(w, n)) return gemm_workspace_bytes(w, n);
   return is_quantised(w.dtype) ? quant_act_bytes(n, w.in) : 0;
+}
+
+int64_t matmul_swiglu_workspace_bytes(const Matrix& gate, int64_t n) {
+  if (gemm_rows(gate, n)) return gemm_workspace_bytes(gate, n) + align256(n * gate.out * 4);
+  return matmul_workspace_bytes(gate, n);
 }
 
 void matmul(const Matrix& w, const float* x, float* y, int64_t n, void* workspace,
@@ -694,6 +706,19 @@ void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* 
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
   const int rpb = kThreads / ts;
   const int64_t row_blocks = (gate.out + rpb - 1) / rpb;
+  if (gemm_rows(gate, n) && gemm_rows(up, n) &&
+      is_quantised(gate.dtype) == is_quantised(up.dtype)) {
+    // gate into y, up into the workspace after the GEMM's own, then y = silu(y) * up.
+    const bool quant = is_quantised(gate.dtype) || is_quantised(up.dtype);
+    const void* xb = quant ? gemm_prepare_x(x, n, gate.in, workspace, stream) : nullptr;
+    auto* up_y = reinterpret_cast<float*>(
+        static_cast<uint8_t*>(workspace) +
+        std::max(gemm_workspace_bytes(gate, n), gemm_workspace_bytes(up, n)));
+    gemm(gate, is_quantised(gate.dtype) ? xb : x, n, y, gate.out, workspace, stream);
+    gemm(up, is_quantised(up.dtype) ? xb : x, n, up_y, up.out, workspace, stream);
+    silu_mul(y, up_y, y, n * gate.out, stream);
+    return;
+  }
   if (n == 1 && resident_swiglu(g, u, x, gate.in, y, workspace, stream)) return;
   const Acts a = prepare_acts(x, n, gate.in, is_quantised(gate.dtype) || is_quantised(up.dtype),
                               workspace, stream);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/cuda/kernels.h"
 #include "ops/cuda/quant_blocks.cuh"
 
 namespace qwenrt::ops::cuda::mm {
@@ -99,5 +100,19 @@ bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t i
 bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,
                              const float* x, int64_t in, float* y, void* workspace,
                              cudaStream_t stream);
+
+// ---- gemm.cu: prefill GEMM on cuBLAS (weights expanded a chunk of rows at a time) ----
+// Whether a matmul of n rows of W runs as a GEMM (n >= QWENRT_CUDA_GEMM_ROWS, default 32; 0: never;
+// single matrices only).
+bool gemm_rows(const Matrix& w, int64_t n);
+// Workspace of one gemm call: x as bf16, then the expanded chunk.
+int64_t gemm_workspace_bytes(const Matrix& w, int64_t n);
+// x [n, in] as bf16 at the start of the workspace (for quantised W); float W take x itself.
+const void* gemm_prepare_x(const float* x, int64_t n, int64_t in, void* workspace,
+                           cudaStream_t stream);
+// y [n, out] (rows ldy floats apart) = x @ W^T, x as gemm_prepare_x returned it (or fp32 x for
+// float W).
+void gemm(const Matrix& w, const void* x, int64_t n, float* y, int64_t ldy,
+          void* workspace, cudaStream_t stream);
 
 }  // namespace qwenrt::ops::cuda::mm

@@ -475,4 +475,110 @@ __device__ inline float dequant_element<IQ4XS>(const uint8_t* row, int64_t i) {
   return half_bits_to_float(hdr.x & 0xffff) * float(ls - 32) * float(value);
 }
 
+// ---- Eight consecutive elements i0 .. i0 + 7 of a row (i0 % 8 == 0; the prefill GEMMs expand
+// weights this way): dequant_element's arithmetic with the block header decoded once. The eight
+// share a block and a scale in every type (runs of 8 never straddle a 16-element half).
+template <class T>
+__device__ __forceinline__ void dequant8(const uint8_t* row, int64_t i0, float (&v)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = dequant_element<T>(row, i0 + j);
+}
+
+template <>
+__device__ __forceinline__ void dequant8<Q4K>(const uint8_t* row, int64_t i0, float (&v)[8]) {
+  const uint8_t* b = row + (i0 / 256) * Q4K::kBytes;
+  const int e = int(i0 % 256), j = e / 32, l = e % 32;
+  const int4 hdr = load16(b);
+  int sc, m;
+  k4_scale_min(hdr, j, sc, m);
+  const uint32_t dd = uint32_t(hdr.x);
+  const float d = half_bits_to_float(dd & 0xffff) * float(sc);
+  const float mn = half_bits_to_float(dd >> 16) * float(m);
+  const uint2 q = load8(b + 16 + 32 * (j / 2) + l);
+  const int shift = 4 * (j % 2);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t w = i < 4 ? q.x : q.y;
+    v[i] = d * float((w >> (8 * (i % 4) + shift)) & 0x0f) - mn;
+  }
+}
+template <>
+__device__ __forceinline__ void dequant8<Q5K>(const uint8_t* row, int64_t i0, float (&v)[8]) {
+  const uint8_t* b = row + (i0 / 256) * Q5K::kBytes;
+  const int e = int(i0 % 256), j = e / 32, l = e % 32;
+  const int4 hdr = load16(b);
+  int sc, m;
+  k4_scale_min(hdr, j, sc, m);
+  const uint32_t dd = uint32_t(hdr.x);
+  const float d = half_bits_to_float(dd & 0xffff) * float(sc);
+  const float mn = half_bits_to_float(dd >> 16) * float(m);
+  const uint2 q = load8(b + 48 + 32 * (j / 2) + l), h = load8(b + 16 + l);
+  const int shift = 4 * (j % 2);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t w = i < 4 ? q.x : q.y, hw = i < 4 ? h.x : h.y;
+    const int level =
+        int((w >> (8 * (i % 4) + shift)) & 0x0f) | int(((hw >> (8 * (i % 4) + j)) & 1) << 4);
+    v[i] = d * float(level) - mn;
+  }
+}
+template <>
+__device__ __forceinline__ void dequant8<Q6K>(const uint8_t* row, int64_t i0, float (&v)[8]) {
+  const uint8_t* b = row + (i0 / 256) * Q6K::kBytes;  // 210-byte blocks: 2-byte aligned
+  const int e = int(i0 % 256), n = e / 128, k = (e % 128) / 32, l = e % 32;
+  const int sc = reinterpret_cast<const int8_t*>(b + 192)[8 * n + l / 16 + 2 * k];
+  const float d = half_bits_to_float(load2(b + 208)) * float(sc);
+  const uint8_t* ql = b + 64 * n + l + 32 * (k % 2);
+  const uint8_t* qh = b + 128 + 32 * n + l;
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) {
+    const uint32_t lo2 = load2(ql + i), hi2 = load2(qh + i);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const int low = int((lo2 >> (8 * t + 4 * (k / 2))) & 0x0f);
+      const int high = int((hi2 >> (8 * t + 2 * k)) & 3);
+      v[i + t] = d * float((low | (high << 4)) - 32);
+    }
+  }
+}
+template <>
+__device__ __forceinline__ void dequant8<Q80>(const uint8_t* row, int64_t i0, float (&v)[8]) {
+  const uint8_t* b = row + (i0 / 32) * Q80::kBytes;  // 34-byte blocks: 2-byte aligned
+  const float d = half_bits_to_float(load2(b));
+  const uint8_t* q = b + 2 + i0 % 32;
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) {
+    const uint32_t w = load2(q + i);
+    v[i] = d * float(int8_t(w & 0xff));
+    v[i + 1] = d * float(int8_t(w >> 8));
+  }
+}
+template <>
+__device__ __forceinline__ void dequant8<Q80S>(const uint8_t* row, int64_t i0, float (&v)[8]) {
+  const uint8_t* b = row + (i0 / 256) * Q80S::kBytes;
+  const int e = int(i0 % 256);
+  const float d = half_bits_to_float(load2(b + 2 * (e / 32)));
+  const uint2 q = load8(b + 16 + e);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t w = i < 4 ? q.x : q.y;
+    v[i] = d * float(int8_t((w >> (8 * (i % 4))) & 0xff));
+  }
+}
+template <>
+__device__ __forceinline__ void dequant8<IQ4XS>(const uint8_t* row, int64_t i0, float (&v)[8]) {
+  const uint8_t* b = row + (i0 / 256) * IQ4XS::kBytes;
+  const int e = int(i0 % 256), ib = e / 32, l = e % 32;
+  const uint2 hdr = load8(b);
+  const int ls = ((hdr.y >> (4 * ib)) & 0x0f) | ((((hdr.x >> 16) >> (2 * ib)) & 3) << 4);
+  const float d = half_bits_to_float(hdr.x & 0xffff) * float(ls - 32);
+  const uint2 q = load8(b + 8 + 16 * ib + l % 16);
+  const int shift = 4 * (l / 16);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t w = i < 4 ? q.x : q.y;
+    v[i] = d * float(int8_t(iq4_lookup((w >> (8 * (i % 4) + shift)) & 0x0f) & 0xff));
+  }
+}
+
 }  // namespace qwenrt::ops::cuda::qb
