@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -65,10 +66,13 @@ namespace {
 
 class Connection;
 
-// Counters the server reads for /metrics and the shutdown drain.
+// Counters the server reads for /metrics and the shutdown drain, and the connections alive (so
+// stop() can break the connection <-> exchange cycle of answers still open).
 struct Counters {
   std::atomic<size_t> connections{0};
   std::atomic<size_t> in_flight{0};
+  std::mutex mutex;
+  std::list<std::weak_ptr<Connection>> alive;
 };
 
 // The answer to one request on a connection (the Responder handed to the handler). It keeps the
@@ -119,7 +123,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void start() {
+    {
+      std::lock_guard lock(counters_.mutex);
+      counters_.alive.remove_if([](const std::weak_ptr<Connection>& c) { return c.expired(); });
+      counters_.alive.push_back(weak_from_this());
+    }
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_request(); });
+  }
+
+  // After the I/O threads have stopped: an answer left open holds this connection through its
+  // exchange; drop that link so both can be freed.
+  void abandon() {
+    if (!exchange_) return;
+    auto ex = std::move(exchange_);
+    counters_.in_flight--;
+    ex->state = Exchange::State::kComplete;
   }
 
   // The connection's strand (the socket was accepted onto one).
@@ -531,6 +549,10 @@ void HttpServer::stop() {
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
+  std::lock_guard lock(impl_->counters.mutex);
+  for (auto& weak : impl_->counters.alive)
+    if (auto c = weak.lock()) c->abandon();
+  impl_->counters.alive.clear();
 }
 
 size_t HttpServer::open_connections() const {
