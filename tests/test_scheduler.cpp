@@ -772,12 +772,33 @@ TEST_F(SchedulerTest, ForcedTokensDrawNothingFromTheSampler) {
   sample::Sampler fresh(p.sampling);
   ASSERT_EQ(log.draws.size(), 6u);
   for (size_t k = 0; k < log.draws.size(); ++k) EXPECT_EQ(log.draws[k], fresh.next_row({}).u) << k;
-  // No step wanted a sample while forced tokens were being fed: the prompt, one step per forced
-  // token, then the sampled ones (the last needs no step of its own).
-  int sampling_steps = 0;
-  for (const auto& st : log.steps) sampling_steps += st.n_output_rows > 0 ? 1 : 0;
-  EXPECT_EQ(sampling_steps, 6);
-  EXPECT_EQ(log.steps.size(), 1 + forced_ids.size() + 5);
+  // The prompt (no sample: the reply starts forced), the forced run in one step whose last row
+  // samples, then one step per sampled token (the last needs no step of its own).
+  ASSERT_EQ(log.steps.size(), 7u);
+  EXPECT_EQ(log.steps[0].n, int64_t(p.prompt.size()));
+  EXPECT_EQ(log.steps[0].n_output_rows, 0);
+  EXPECT_EQ(log.steps[1].n, int64_t(forced_ids.size()));
+  EXPECT_EQ(log.steps[1].spans[0].n_past, int32_t(p.prompt.size()));
+  for (size_t k = 1; k < log.steps.size(); ++k) EXPECT_EQ(log.steps[k].n_output_rows, 1) << k;
+
+  // A thinking budget's forced close and the forced text after it: one step too, after the
+  // budget's last sampled token.
+  log = {};
+  const auto close = tokenizer_->encode("\n</think>\n\n", true);
+  p.starts_in_thinking = true;
+  p.thinking_budget = 2;
+  p.sampling.logit_bias[think_end_] = -100.0f;
+  p.max_tokens = 2 + int(close.size() + forced_ids.size()) + 3;
+  Outcome t;
+  s.submit(p, collect(t));
+  run_until_idle(s);
+  ASSERT_EQ(t.tokens.size(), size_t(p.max_tokens));
+  EXPECT_TRUE(std::equal(close.begin(), close.end(), t.tokens.begin() + 2));
+  EXPECT_TRUE(
+      std::equal(forced_ids.begin(), forced_ids.end(), t.tokens.begin() + 2 + close.size()));
+  ASSERT_EQ(log.steps.size(), 1u + 1 + 1 + 2);  // prompt, 2nd sampled, forced run, 2 more
+  EXPECT_EQ(log.steps[2].n, int64_t(1 + close.size() + forced_ids.size()));
+  EXPECT_EQ(log.draws.size(), 2u + 3);
 }
 
 TEST_F(SchedulerTest, ForcedTextFollowsAGeneratedThinkEnd) {

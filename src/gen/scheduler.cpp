@@ -56,10 +56,12 @@ struct Sequence {
   sample::Sampler sampler;
   std::vector<int32_t> forced_after_thinking;  // params.forced_after_thinking as tokens
   int slot = -1;
-  size_t n_prompt_fed = 0;         // prompt tokens the engine holds
-  int64_t position = 0;            // where the next fed token goes
-  int32_t next_token = -1;         // decoding: the accepted token the next step feeds
-  std::deque<int32_t> forced;      // tokens that follow next_token without sampling
+  size_t n_prompt_fed = 0;  // prompt tokens the engine holds
+  int64_t position = 0;     // where the next fed token goes
+  // Decoding: the accepted tokens the next step feeds; a run of forced tokens goes in at once
+  // (one step, its last row sampling), not a step per token.
+  std::vector<int32_t> feed;
+  std::deque<int32_t> forced;      // tokens to accept without sampling (moved to feed at once)
   std::vector<int32_t> generated;  // forced included, stop token excluded (the penalties' history)
   bool thinking;
   int thinking_tokens = 0;
@@ -108,6 +110,7 @@ struct Scheduler::Impl {
   // to deliver (outside the lock).
   bool iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out);
   void admit(Sequence& seq);
+  void take(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
   void accept(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
   void emit(Sequence& seq, size_t n);
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
@@ -201,8 +204,19 @@ void Scheduler::Impl::emit(Sequence& seq, size_t n) {
   seq.update.text += out;
 }
 
-// The token the sequence produced (sampled, or forced when `sampled` is null): the generation
-// semantics of one token, as gen::Generator had them.
+// The token the sequence produced (sampled, or forced when `sampled` is null), then every forced
+// token that follows it.
+void Scheduler::Impl::take(Sequence& seq, int32_t token, const ops::SampledToken* sampled) {
+  accept(seq, token, sampled);
+  while (!seq.update.done && !seq.forced.empty()) {
+    const int32_t next = seq.forced.front();
+    seq.forced.pop_front();
+    accept(seq, next, nullptr);
+  }
+}
+
+// One token: the generation semantics gen::Generator had (stop tokens and strings, thinking,
+// max tokens, the context).
 void Scheduler::Impl::accept(Sequence& seq, int32_t token, const ops::SampledToken* sampled) {
   if (!seq.has_first) {
     seq.has_first = true;
@@ -248,12 +262,14 @@ void Scheduler::Impl::accept(Sequence& seq, int32_t token, const ops::SampledTok
     return;
   }
   emit(seq, seq.pending.size() - held_back(seq.pending, seq.params.stop));
+  // Where this token would be fed; the context full (prompt + generated = n_ctx) is length too.
+  const int64_t at = seq.position + static_cast<int64_t>(seq.feed.size());
   if (static_cast<int>(seq.generated.size()) >= seq.params.max_tokens ||
-      seq.position + 1 >= engine.states().n_ctx()) {  // the context is full: finish as length
+      at + 1 >= engine.states().n_ctx()) {
     finish(seq, FinishReason::kLength);
     return;
   }
-  seq.next_token = token;
+  seq.feed.push_back(token);
 }
 
 void Scheduler::Impl::finish(Sequence& seq, FinishReason reason, std::string error) {
@@ -345,9 +361,10 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
   uint64_t prompt_rows = 0;
   for (Sequence* s : order) {
     if (s->prefilling()) continue;
-    const bool samples = s->forced.empty();
-    batch.add(s->slot, s->next_token, static_cast<int32_t>(s->position), samples);
-    entries.push_back({.seq = s, .samples = samples, .gets_token = true, .n_rows = 1});
+    const int32_t n = static_cast<int32_t>(s->feed.size());
+    for (int32_t i = 0; i < n; ++i)
+      batch.add(s->slot, s->feed[i], static_cast<int32_t>(s->position + i), i + 1 == n);
+    entries.push_back({.seq = s, .samples = true, .gets_token = true, .n_rows = n});
   }
   for (Sequence* s : order) {
     const int64_t room = options.step_tokens - static_cast<int64_t>(batch.size());
@@ -392,18 +409,18 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
         Sequence& s = *e.seq;
         if (s.prefilling()) {
           s.n_prompt_fed += e.n_rows;
-          s.position += e.n_rows;
         } else {
-          ++s.position;
+          s.feed.clear();
         }
+        s.position += e.n_rows;
         if (!e.gets_token) continue;
         if (e.samples) {
           const ops::SampledToken& t = sampled.at(k++);
-          accept(s, t.id, &t);
-        } else {
+          take(s, t.id, &t);
+        } else {  // the reply starts with forced tokens
           const int32_t token = s.forced.front();
           s.forced.pop_front();
-          accept(s, token, nullptr);
+          take(s, token, nullptr);
         }
       }
     }
