@@ -35,9 +35,10 @@ struct SequenceParams {
   std::vector<std::string> stop;       // stop strings; the text stops before the first one
   bool starts_in_thinking = false;     // the prompt ends inside an open <think>
   std::optional<int> thinking_budget;  // tokens allowed inside <think> before it is closed
-  // Text forced (tokenized, fed without sampling) as soon as the reply is outside the think block:
-  // right after </think> (or its forced close), or first when the reply does not start in one. The
-  // model continues after it (tool_choice required / named: "<tool_call>\n<function=NAME>\n").
+  // Text forced (tokenized, fed without sampling, in one step) as soon as the reply is outside the
+  // think block: right after </think> (or its forced close), or first when the reply does not
+  // start in one. The model continues after it (tool_choice required / named:
+  // "<tool_call>\n<function=NAME>\n").
   std::string forced_after_thinking;
   sample::SamplingParams sampling;
   // -1: no log-probabilities; 0..ops::kMaxTopLogprobs: each generated token's log-probability and
