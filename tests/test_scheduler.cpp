@@ -1,16 +1,16 @@
 // The sequence scheduler (continuous batching) on real tiny models: a sequence gives the same
 // tokens alone or in any batch, one engine step per iteration carries every running sequence,
 // cancel / queue / shutdown, validation, log-probabilities against the engine's logits, forced
-// text after thinking, the thinking budget, concurrent submitters, and prepare_turn.
+// text after thinking, the thinking budget, concurrent submitters, run() idle, and prepare_turn.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
-#include <map>
+#include <ctime>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -584,6 +584,35 @@ TEST_F(SchedulerTest, ShutdownWithoutDrainCancels) {
   EXPECT_EQ(st.running, 0);
   EXPECT_EQ(st.queued, 0);
   EXPECT_EQ(st.kv_pages_in_use, 0);
+}
+
+TEST_F(SchedulerTest, RunSleepsWhileIdleAndWakesForASubmit) {
+  Scheduler s(*engine_, *tokenizer_);
+  std::thread runner([&] { s.run(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  clockid_t clock;
+  ASSERT_EQ(pthread_getcpuclockid(runner.native_handle(), &clock), 0);
+  timespec used{};
+  ASSERT_EQ(clock_gettime(clock, &used), 0);
+  EXPECT_LT(used.tv_sec + used.tv_nsec * 1e-9, 0.05) << "run() spun while idle";
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  Outcome o;
+  s.submit(greedy(prompt(0), 3), [&, inner = collect(o)](SequenceUpdate&& u) mutable {
+    std::lock_guard lock(m);
+    done |= u.done;
+    inner(std::move(u));
+    cv.notify_all();
+  });
+  {
+    std::unique_lock lock(m);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; }));
+  }
+  s.shutdown(true);
+  runner.join();
+  EXPECT_EQ(o.dones, 1);
+  EXPECT_EQ(o.tokens.size(), 3u);
 }
 
 TEST_F(SchedulerTest, AFailedStepEndsItsSequencesAndTheSchedulerGoesOn) {
