@@ -38,6 +38,18 @@ for what in "$@"; do
         QWENRT_CUDA_GEMM_ROWS=0 QWENRT_CUDA_GROUPED_ROWS=0 timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 512 -n 32 -b 0 -r 1 2>&1 | tee "$out/prefill-gemv-$m.txt"
         QWENRT_CUDA_PROFILE=1 timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 512 -n 1 -b 0 -r 1 2>&1 | tee "$out/prefill-profile-$m.txt"
       done ;;
+    memory)
+      # Peak GPU memory of a 4,096-token prefill (nvidia-smi every 0.2 s during the process).
+      for m in 35B-A3B 27B; do
+        f=/tmp/synth-$m.gguf
+        [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-$m --quant Q4_K_M --out $f > /dev/null
+        ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.2; done ) > "$out/mem-$m.txt" &
+        sampler=$!
+        timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 4096 -n 16 -b 0 -r 2 2>&1 | tee "$out/mem-bench-$m.txt"
+        kill $sampler
+        echo "$m peak GPU MiB: $(sort -n "$out/mem-$m.txt" | tail -1)" | tee -a "$out/mem-summary.txt"
+        rm -f $f
+      done ;;
     gemm)
       QWENRT_BENCH_TYPES=Q4_K,Q5_K,Q6_K,IQ4_XS,Q8_0sb timeout 200 build-cuda/cuda_gemv_bench 5 32,128,512 2>&1 | tee "$out/gemm-bench.txt"
       QWENRT_CUDA_GEMM_ROWS=0 QWENRT_BENCH_TYPES=Q4_K,Q8_0sb timeout 200 build-cuda/cuda_gemv_bench 3 32,128 2>&1 | tee "$out/gemm-bench-gemv.txt" ;;

@@ -67,6 +67,12 @@ class DeviceArena {
     b.used += bytes;
     return p;
   }
+  // Scratch use (one op's workspace at a time): the next take starts at the newest block's start
+  // again. Ops on one stream run one after another, so each reuses the same memory; a bigger need
+  // gets a bigger block, the older ones are freed by the next reset.
+  void rewind() {
+    if (!blocks_.empty()) blocks_.back().used = 0;
+  }
   // Callers synchronise first when blocks may be freed (a merge).
   bool needs_merge() const { return blocks_.size() > 1; }
   void reset() {
@@ -203,7 +209,7 @@ class CudaOps final : public Ops {
     return static_cast<float*>(arena_.take(n_floats * int64_t{sizeof(float)}));
   }
   void reset_workspace() override {
-    if (arena_.needs_merge()) {
+    if (arena_.needs_merge() || scratch_.needs_merge() || side_scratch_.needs_merge()) {
       // Merging frees blocks: never inside a capture (none has begun its ops yet when the engine
       // resets; the step then runs eagerly).
       if (mode_ == Mode::kCapture) {
@@ -213,6 +219,8 @@ class CudaOps final : public Ops {
       QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     arena_.reset();
+    scratch_.reset();
+    side_scratch_.reset();
   }
   void* alloc_buffer(int64_t bytes) override {
     outside_step("alloc_buffer");
@@ -456,7 +464,9 @@ class CudaOps final : public Ops {
     void* order_ws =
         grouped ? arena_.take(cuda::expert_order_workspace_bytes(n * k, n_expert)) : nullptr;
     // The shared expert runs on the side stream, beside the routed experts (its own workspace).
-    void* side_ws = shared ? arena_.take(ws_bytes) : nullptr;
+    // (The side stream runs its ops one after another too: its scratch is reused like scratch_.)
+    if (shared) side_scratch_.rewind();
+    void* side_ws = shared ? side_scratch_.take(ws_bytes) : nullptr;
     if (skip(ws_bytes)) return;
     Scope s(this, kMoe);
     if (shared) {
@@ -687,7 +697,12 @@ class CudaOps final : public Ops {
     // of its key), the buffer's address from layout_generation_.
   }
 
-  uint64_t generation() const { return arena_.generation() * 1000003u + layout_generation_; }
+  uint64_t generation() const {
+    return ((arena_.generation() * 1000003u + scratch_.generation()) * 1000003u +
+            side_scratch_.generation()) *
+               1000003u +
+           layout_generation_;
+  }
 
   void choose_mode(const StepLayout& l) {
     mode_ = Mode::kEager;
@@ -714,9 +729,11 @@ class CudaOps final : public Ops {
   }
 
   // Every op starts here: true means the op is part of a graph that replays, so it only counts
-  // and takes its workspace (the same addresses as at capture). `ws_bytes` of workspace go to ws_.
+  // and takes its workspace (the same addresses as at capture). `ws_bytes` of workspace go to ws_:
+  // scratch that only this op uses, so every op's starts at the same address.
   bool skip(int64_t ws_bytes = 0) {
-    ws_ = ws_bytes > 0 ? arena_.take(ws_bytes) : nullptr;
+    scratch_.rewind();
+    ws_ = ws_bytes > 0 ? scratch_.take(ws_bytes) : nullptr;
     ++op_count_;
     return mode_ == Mode::kReplay;
   }
@@ -820,7 +837,9 @@ class CudaOps final : public Ops {
   // stream_ by events, so a captured graph holds both branches).
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  DeviceArena arena_;
+  DeviceArena arena_;    // activations of the step (alloc)
+  DeviceArena scratch_;       // one op's workspace at a time (skip)
+  DeviceArena side_scratch_;  // the side stream's (the MoE shared expert)
   void* ws_ = nullptr;
   std::vector<void*> buffers_;
   std::vector<void*> weight_chunks_;
