@@ -1,5 +1,6 @@
 #include "serve/fields.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -131,6 +132,43 @@ std::vector<std::string> read_stop(const Json& value, const std::string& param, 
     stop.push_back(value[i].get<std::string>());
   }
   return stop;
+}
+
+std::string index_path(const std::string& path, size_t i) {
+  return path + "[" + std::to_string(i) + "]";
+}
+
+void require_object(const Json& value, const std::string& path) {
+  if (!value.is_object()) bad_field(path, "expected an object, got {}", json_type_name(value));
+}
+
+void check_tool_name(const std::string& name, const std::string& path) {
+  const bool ok =
+      !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '_' || c == '-' || c == '.';
+      });
+  if (!ok) bad_field(path, "'{}' is not a valid name (1 to 64 of a-z A-Z 0-9 _ - .)", name);
+}
+
+void check_tool_schema(const Json& schema, const std::string& path) {
+  if (schema.is_null()) return;
+  require_object(schema, path);
+  if (auto type = opt_string(schema, "type", path); type && *type != "object")
+    bad_field(field_path(path, "type"), "expected 'object', got '{}'", *type);
+  if (schema.contains("properties") && !schema["properties"].is_null()) {
+    const std::string pp = field_path(path, "properties");
+    require_object(schema["properties"], pp);
+    for (const auto& [key, prop] : schema["properties"].items())
+      require_object(prop, field_path(pp, key));
+  }
+  if (schema.contains("required") && !schema["required"].is_null()) {
+    const std::string rp = field_path(path, "required");
+    const Json& req = schema["required"];
+    if (!req.is_array()) bad_field(rp, "expected an array, got {}", json_type_name(req));
+    for (size_t k = 0; k < req.size(); ++k)
+      if (!req[k].is_string()) bad_field(index_path(rp, k), "expected a string");
+  }
 }
 
 void check_prompt_fits(size_t n_prompt, int64_t n_ctx, const std::string& param) {

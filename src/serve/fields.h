@@ -74,6 +74,16 @@ std::string field_path(const std::string& path, const std::string& key);
 // stop: a string or an array of non-empty strings (at most `max`).
 std::vector<std::string> read_stop(const Json& value, const std::string& param, size_t max = 16);
 
+// "path[i]".
+std::string index_path(const std::string& path, size_t i);
+// 400 naming `path` unless `value` is an object.
+void require_object(const Json& value, const std::string& path);
+// A function tool's name and JSON schema, as every dialect's tools carry them: the name is written
+// into the prompt as <function=NAME> (1 to 64 of a-z A-Z 0-9 _ - .); the schema, when not null, is
+// an object of type "object" whose properties are objects and whose required is a string array.
+void check_tool_name(const std::string& name, const std::string& path);
+void check_tool_schema(const Json& schema, const std::string& path);
+
 // Rejects a request whose rendered prompt does not leave room for one generated token.
 void check_prompt_fits(size_t n_prompt, int64_t n_ctx, const std::string& param);
 

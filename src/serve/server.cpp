@@ -15,8 +15,10 @@
 #include "core/log.h"
 #include "gen/scheduler.h"
 #include "gen/turn.h"
+#include "serve/anthropic.h"
 #include "serve/metrics.h"
 #include "serve/openai.h"
+#include "serve/responses.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qwenrt::serve {
@@ -82,6 +84,10 @@ struct Server::Impl {
   void handle(HttpRequest&& req, std::shared_ptr<Responder> out);
   void chat_completions(const HttpRequest& req, const std::shared_ptr<Responder>& out);
   void completions(const HttpRequest& req, const std::shared_ptr<Responder>& out);
+  void messages(const HttpRequest& req, const std::shared_ptr<Responder>& out);
+  void count_tokens(const HttpRequest& req, const std::shared_ptr<Responder>& out);
+  void responses(const HttpRequest& req, const std::shared_ptr<Responder>& out);
+  gen::PreparedTurn prepare(const openai::ChatRequest& request) const;
   void track(const std::shared_ptr<Tracked>& t);
   void reap();
 
@@ -100,6 +106,22 @@ struct Server::Impl {
 };
 
 namespace {
+
+// A failure's body and its SSE event in the reply's dialect (OpenAI's unless the reply says).
+template <class Reply>
+Json error_body(const Reply& reply, int status, const std::string& message) {
+  if constexpr (requires { reply.error_body(status, message); })
+    return reply.error_body(status, message);
+  else
+    return openai::error_json(status, message);
+}
+template <class Reply>
+std::string stream_error(Reply& reply, int status, const std::string& message) {
+  if constexpr (requires { reply.stream_error(status, message); })
+    return reply.stream_error(status, message);
+  else
+    return sse_event(dump_json(openai::error_json(status, message)));
+}
 
 // One request's sequences and its reply, touched only on the connection's strand (updates are
 // posted there by the sinks, which run on the scheduler's thread and must not block).
@@ -157,20 +179,18 @@ void Pending<Reply>::on_update(int choice, const gen::SequenceUpdate& u) {
 template <class Reply>
 void Pending<Reply>::finish() {
   int status = 200;
+  const std::string timeout =
+      fmt::format("the request timed out after {} s", server->request_timeout);
   if (stream) {
-    if (timed_out)
-      out->write(sse_event(dump_json(openai::error_json(
-          504, fmt::format("the request timed out after {} s", server->request_timeout)))));
+    if (timed_out) out->write(stream_error(reply, 504, timeout));
     out->write(reply.stream_end());
     out->end();
   } else if (timed_out) {
     status = 504;
-    out->respond(json_response(
-        504, openai::error_json(
-                 504, fmt::format("the request timed out after {} s", server->request_timeout))));
+    out->respond(json_response(504, error_body(reply, 504, timeout)));
   } else if (!reply.error().empty()) {
     status = 500;
-    out->respond(json_response(500, openai::error_json(500, reply.error())));
+    out->respond(json_response(500, error_body(reply, 500, reply.error())));
   } else {
     out->respond(json_response(200, reply.response()));
   }
@@ -185,11 +205,14 @@ void Pending<Reply>::finish() {
              usage.completion / std::max(generate_seconds, 1e-9), total, reply.finish_reasons());
 }
 
-// The request's error in OpenAI's shape (the one dialect served so far).
-HttpResponse api_error_response(const ApiError& e) {
+// The request's error in its dialect's shape (Anthropic's on /v1/messages, OpenAI's elsewhere).
+HttpResponse api_error_response(const ApiError& e, bool anthropic_shape) {
   Headers h;
   if (e.status() == 429) h.emplace_back("Retry-After", "1");
-  return json_response(e.status(), openai::error_json(e.status(), e.what(), e.param(), e.code()),
+  return json_response(e.status(),
+                       anthropic_shape
+                           ? anthropic::error_json(e.status(), e.what())
+                           : openai::error_json(e.status(), e.what(), e.param(), e.code()),
                        std::move(h));
 }
 
@@ -271,9 +294,7 @@ void Server::Impl::reap() {
   }
 }
 
-void Server::Impl::chat_completions(const HttpRequest& req, const std::shared_ptr<Responder>& out) {
-  const Json body = parse_json_body(req.body);
-  auto request = openai::parse_chat_request(body, model);
+gen::PreparedTurn Server::Impl::prepare(const openai::ChatRequest& request) const {
   gen::PreparedTurn turn;
   try {
     turn = gen::prepare_turn(*tokenizer, model.dialect, request.turn);
@@ -282,6 +303,13 @@ void Server::Impl::chat_completions(const HttpRequest& req, const std::shared_pt
   } catch (const Error& e) {
     throw ApiError(400, std::string("messages: ") + e.what(), "messages");
   }
+  return turn;
+}
+
+void Server::Impl::chat_completions(const HttpRequest& req, const std::shared_ptr<Responder>& out) {
+  const Json body = parse_json_body(req.body);
+  auto request = openai::parse_chat_request(body, model);
+  const gen::PreparedTurn turn = prepare(request);
   check_prompt_fits(turn.prompt.size(), model.n_ctx, "messages");
   std::vector<gen::SequenceParams> sequences;
   for (int i = 0; i < request.gen.n; ++i)
@@ -319,12 +347,55 @@ void Server::Impl::completions(const HttpRequest& req, const std::shared_ptr<Res
   launch(out, "/v1/completions", std::move(reply), std::move(sequences), request.gen.stream);
 }
 
+void Server::Impl::messages(const HttpRequest& req, const std::shared_ptr<Responder>& out) {
+  const Json body = parse_json_body(req.body);
+  const auto request = anthropic::parse_messages_request(body, model);
+  const gen::PreparedTurn turn = prepare(request);
+  check_prompt_fits(turn.prompt.size(), model.n_ctx, "messages");
+  std::vector<gen::SequenceParams> sequences;
+  sequences.push_back(openai::chat_sequence(request, turn, model, 0));
+  anthropic::ReplyFormat format{.id = random_id("msg_"),
+                                .model = model.name,
+                                .n_prompt = static_cast<int64_t>(turn.prompt.size()),
+                                .stop = request.gen.stop};
+  const tokenizer::Tokenizer* tok = tokenizer.get();
+  anthropic::MessageReply reply(format, [tok](int32_t id) { return tok->decode({&id, 1}); });
+  launch(out, "/v1/messages", std::move(reply), std::move(sequences), request.gen.stream);
+}
+
+void Server::Impl::count_tokens(const HttpRequest& req, const std::shared_ptr<Responder>& out) {
+  const Json body = parse_json_body(req.body);
+  const gen::PreparedTurn turn = prepare(anthropic::parse_count_tokens_request(body, model));
+  metrics.request("/v1/messages/count_tokens", 200);
+  out->respond(json_response(200, {{"input_tokens", turn.prompt.size()}}));
+}
+
+void Server::Impl::responses(const HttpRequest& req, const std::shared_ptr<Responder>& out) {
+  const Json body = parse_json_body(req.body);
+  const auto request = responses::parse_request(body, model);
+  const gen::PreparedTurn turn = prepare(request);
+  check_prompt_fits(turn.prompt.size(), model.n_ctx, "input");
+  std::vector<gen::SequenceParams> sequences;
+  sequences.push_back(openai::chat_sequence(request, turn, model, 0));
+  responses::ReplyFormat format{.id = random_id("resp_"),
+                                .created = unix_now(),
+                                .model = model.name,
+                                .n_prompt = static_cast<int64_t>(turn.prompt.size()),
+                                .thinking = turn.thinking};
+  responses::echo_request(body, format);
+  const tokenizer::Tokenizer* tok = tokenizer.get();
+  responses::ResponseReply reply(format, [tok](int32_t id) { return tok->decode({&id, 1}); });
+  launch(out, "/v1/responses", std::move(reply), std::move(sequences), request.gen.stream);
+}
+
 void Server::Impl::handle(HttpRequest&& req, std::shared_ptr<Responder> out) {
   // Paths with and without the /v1 prefix are the same endpoint.
   std::string path = req.path;
   if (path.rfind("/v1/", 0) == 0) path = path.substr(3);
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   const std::string endpoint = path == "/health" || path == "/metrics" ? path : "/v1" + path;
+  // Anthropic's routes answer errors (401 included) in Anthropic's shape.
+  const bool anthropic_shape = path == "/messages" || path.rfind("/messages/", 0) == 0;
   auto answer = [&](HttpResponse r) {
     metrics.request(endpoint, r.status);
     out->respond(std::move(r));
@@ -376,16 +447,22 @@ void Server::Impl::handle(HttpRequest&& req, std::shared_ptr<Responder> out) {
     }
     if (path == "/chat/completions" && post) return chat_completions(req, out);
     if (path == "/completions" && post) return completions(req, out);
+    if (path == "/messages" && post) return messages(req, out);
+    if (path == "/messages/count_tokens" && post) return count_tokens(req, out);
+    if (path == "/responses" && post) return responses(req, out);
     const bool known = path == "/metrics" || path == "/models" || path == "/chat/completions" ||
-                       path == "/completions";
+                       path == "/completions" || path == "/messages" ||
+                       path == "/messages/count_tokens" || path == "/responses";
     if (known) throw ApiError(405, fmt::format("{} does not take {}", req.path, req.method));
     throw ApiError(404, fmt::format("no endpoint {} {}", req.method, req.path));
   } catch (const ApiError& e) {
-    answer(api_error_response(e));
+    answer(api_error_response(e, anthropic_shape));
   } catch (const std::exception& e) {
     // A bad request never costs the process: anything unexpected is a 500 for this request only.
     log(LogLevel::kError, "serve: {} {}: {}", req.method, req.path, e.what());
-    answer(json_response(500, openai::error_json(500, std::string("internal error: ") + e.what())));
+    const std::string message = std::string("internal error: ") + e.what();
+    answer(json_response(500, anthropic_shape ? anthropic::error_json(500, message)
+                                              : openai::error_json(500, message)));
   }
 }
 
