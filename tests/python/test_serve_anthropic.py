@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""`qwenrt serve`'s Anthropic dialect (/v1/messages, /v1/messages/count_tokens) on the embedded
+tiny chat model (cpu backend), driven with the official `anthropic` SDK (tools/requirements.txt
+pins it) and raw HTTP where the SDK cannot go:
+  text with thinking off (the default) and on (budget_tokens), streamed == not streamed (greedy,
+  through the SDK's stream accumulator), a tool round trip (tool_use -> tool_result -> answer) and
+  tool_choice any, streamed tool input == whole input, count_tokens == usage.input_tokens of the
+  same request == `qwenrt template` + `qwenrt tokenize`, stop_sequences -> stop_sequence,
+  max_tokens -> max_tokens, errors in Anthropic's shape (400 naming the field, 404, 401 with
+  --api-key, x-api-key accepted) and the server still serving after each.
+Prints one line per check; exits 1 on any failure.
+
+Usage: test_serve_anthropic.py --qwenrt PATH/qwenrt [--tool ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_serve_openai import Server, check, failures, rendered_prompt_tokens  # noqa: E402
+
+GET_TIME = {"name": "get_time", "description": "Get the local time in a city.",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                             "required": ["city"]}}
+GET_TIME_OPENAI = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the local time in a city.",
+    "parameters": GET_TIME["input_schema"]}}
+Q = [{"role": "user", "content": "What is 12 + 7?"}]
+# Greedy: this SDK version has no temperature argument; the body field is still Anthropic's.
+T0 = {"temperature": 0}
+
+
+def text_of(message):
+    return "".join(b.text for b in message.content if b.type == "text")
+
+
+def thinking_of(message):
+    return "".join(b.thinking for b in message.content if b.type == "thinking")
+
+
+def still_serves(client, what):
+    r = client.messages.create(model="tiny", max_tokens=8, messages=Q, extra_body=T0)
+    check(f"{what}: server still serves", r.type == "message" and r.usage.output_tokens > 0, r)
+
+
+def text_checks(client, server, qwenrt):
+    r = client.messages.create(model="tiny", max_tokens=64, messages=Q, extra_body=T0)
+    check("text: answer, end_turn", "19" in text_of(r) and r.stop_reason == "end_turn", r)
+    check("text: no thinking by default", not thinking_of(r), r.content)
+    check("text: ids and usage", r.id.startswith("msg_") and r.role == "assistant" and
+          r.usage.cache_read_input_tokens == 0 and r.usage.cache_creation_input_tokens == 0, r)
+    n = rendered_prompt_tokens(qwenrt, Q, think=False)
+    counted = client.messages.count_tokens(model="tiny", messages=Q)
+    check("count_tokens == usage.input_tokens == tokenize(rendered)",
+          counted.input_tokens == r.usage.input_tokens == n,
+          (counted.input_tokens, r.usage.input_tokens, n))
+
+    # Thinking on: a thinking block first; streamed through the SDK == not streamed.
+    think = {"type": "enabled", "budget_tokens": 150}
+    w = client.messages.create(model="tiny", max_tokens=250, messages=Q, extra_body=T0,
+                               thinking=think)
+    check("thinking: a thinking block, then text", w.content[0].type == "thinking" and
+          bool(thinking_of(w)) and "19" in text_of(w), w.content)
+    check("thinking: usage.input_tokens == tokenize(rendered, thinking)",
+          w.usage.input_tokens == rendered_prompt_tokens(qwenrt, Q, think=True), w.usage)
+    with client.messages.stream(model="tiny", max_tokens=250, messages=Q, extra_body=T0,
+                                thinking=think) as stream:
+        types = [e.type for e in stream]
+        s = stream.get_final_message()
+    check("stream: event sequence", types[0] == "message_start" and types[-1] == "message_stop"
+          and "content_block_delta" in types and "message_delta" in types, types[:4])
+    check("stream: thinking == not streamed", thinking_of(s) == thinking_of(w),
+          (thinking_of(s), thinking_of(w)))
+    check("stream: text == not streamed", text_of(s) == text_of(w), (text_of(s), text_of(w)))
+    check("stream: stop_reason and usage", s.stop_reason == w.stop_reason and
+          s.usage.output_tokens == w.usage.output_tokens and
+          s.usage.input_tokens == w.usage.input_tokens, (s.usage, w.usage))
+    # Thinking history read back.
+    hist = Q + [{"role": "assistant", "content": [
+        {"type": "thinking", "thinking": thinking_of(w), "signature": ""},
+        {"type": "text", "text": text_of(w)}]}, {"role": "user", "content": "What is 3 + 4?"}]
+    h = client.messages.create(model="tiny", max_tokens=64, messages=hist, extra_body=T0)
+    check("history with thinking blocks accepted", bool(text_of(h)), h)
+
+    # stop_sequences: cut before the first one, named.
+    first = text_of(r)
+    stop = "="
+    if stop in first:
+        sr = client.messages.create(model="tiny", max_tokens=64, messages=Q, extra_body=T0,
+                                    stop_sequences=["@@", stop])
+        check("stop_sequences: stop_sequence reported",
+              sr.stop_reason == "stop_sequence" and sr.stop_sequence == stop and
+              text_of(sr) == first[:first.index(stop)].strip(), sr)
+    else:
+        check("stop_sequences: answer has '='", False, first)
+    mr = client.messages.create(model="tiny", max_tokens=3, messages=Q, extra_body=T0)
+    check("max_tokens: stop_reason max_tokens", mr.stop_reason == "max_tokens" and
+          mr.usage.output_tokens == 3, mr)
+
+
+def tool_checks(client, server, qwenrt):
+    user = [{"role": "user", "content": "Tell me the time in Chicago."}]
+    r = client.messages.create(model="tiny", max_tokens=128, messages=user, tools=[GET_TIME],
+                               extra_body=T0)
+    uses = [b for b in r.content if b.type == "tool_use"]
+    check("tools: tool_use, stop_reason tool_use", len(uses) == 1 and r.stop_reason == "tool_use",
+          r)
+    if not uses:
+        return
+    use = uses[0]
+    check("tools: name and input", use.name == "get_time" and use.input.get("city") == "Chicago" and
+          use.id.startswith("toolu_"), use)
+    check("tools: count_tokens with tools == usage.input_tokens == tokenize(rendered)",
+          client.messages.count_tokens(model="tiny", messages=user, tools=[GET_TIME]).input_tokens
+          == r.usage.input_tokens == rendered_prompt_tokens(qwenrt, user, [GET_TIME_OPENAI],
+                                                            think=False), r.usage)
+    with client.messages.stream(model="tiny", max_tokens=128, messages=user, tools=[GET_TIME],
+                                extra_body=T0) as stream:
+        s = stream.get_final_message()
+    su = [b for b in s.content if b.type == "tool_use"]
+    check("tools stream: input == not streamed", len(su) == 1 and su[0].input == use.input and
+          s.stop_reason == "tool_use", s.content)
+    history = user + [{"role": "assistant", "content": [b.model_dump() for b in r.content]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                    "content": "09:41"}]}]
+    a = client.messages.create(model="tiny", max_tokens=64, messages=history, tools=[GET_TIME],
+                               extra_body=T0)
+    check("tools: answer after tool_result", a.stop_reason == "end_turn" and bool(text_of(a)), a)
+    f = client.messages.create(model="tiny", max_tokens=64, tool_choice={"type": "any"},
+                               messages=Q, tools=[GET_TIME], extra_body=T0)
+    check("tools: tool_choice any forces a call",
+          any(b.type == "tool_use" for b in f.content) and f.stop_reason == "tool_use", f)
+
+
+def error_checks(client, server):
+    import anthropic
+    cases = [
+        ({"model": "tiny", "messages": Q}, "max_tokens"),
+        ({"model": "tiny", "max_tokens": "9", "messages": Q}, "max_tokens"),
+        ({"model": "tiny", "max_tokens": 9, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
+        ({"model": "tiny", "max_tokens": 9, "messages": Q, "tools": [{"name": "f"}]},
+         "tools[0].input_schema"),
+        ({"model": "tiny", "max_tokens": 9, "messages": Q, "temperature": 3}, "temperature"),
+    ]
+    for body, field in cases:
+        status, _, raw = server.request("POST", "/v1/messages", body,
+                                        {"anthropic-version": "2023-06-01"})
+        e = json.loads(raw)
+        check(f"error 400 names {field}", status == 400 and e.get("type") == "error" and
+              e["error"]["type"] == "invalid_request_error" and field in e["error"]["message"],
+              (status, e))
+    status, _, raw = server.request("POST", "/messages", b"{not json")
+    check("error: bad JSON, Anthropic's shape, without /v1",
+          status == 400 and json.loads(raw)["error"]["type"] == "invalid_request_error", raw)
+    status, _, raw = server.request("POST", "/v1/messages/nope", {})
+    check("error: 404 not_found_error", status == 404 and
+          json.loads(raw)["error"]["type"] == "not_found_error", (status, raw))
+    try:
+        client.messages.create(model="tiny", max_tokens=9, messages=[{"role": "user",
+                                                                      "content": 5}])
+        check("SDK: BadRequestError", False, "accepted")
+    except anthropic.BadRequestError as e:
+        check("SDK: BadRequestError naming the field", "messages[0].content" in str(e), e)
+    still_serves(client, "after errors")
+
+
+def auth_checks(qwenrt):
+    import anthropic
+    server = Server(qwenrt, "--api-key", "sekrit")
+    try:
+        bad = anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="wrong",
+                                  max_retries=0)
+        try:
+            bad.messages.create(model="tiny", max_tokens=4, messages=Q)
+            check("auth: 401", False, "accepted")
+        except anthropic.AuthenticationError as e:
+            check("auth: 401 authentication_error", e.status_code == 401 and
+                  e.body["error"]["type"] == "authentication_error", e.body)
+        good = anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="sekrit",
+                                   max_retries=0)
+        r = good.messages.create(model="tiny", max_tokens=4, messages=Q)
+        check("auth: x-api-key accepted", r.type == "message", r)
+    finally:
+        server.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qwenrt", required=True)
+    ap.add_argument("--tool")
+    args = ap.parse_args()
+    for name in ("no_proxy", "NO_PROXY"):  # loopback never through a proxy
+        os.environ[name] = ",".join(filter(None, ["127.0.0.1,localhost", os.environ.get(name)]))
+    import anthropic
+    print(f"anthropic {anthropic.__version__}")
+    t0 = time.time()
+    server = Server(args.qwenrt)
+    try:
+        client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="none",
+                                     max_retries=0, timeout=120)
+        text_checks(client, server, args.qwenrt)
+        tool_checks(client, server, args.qwenrt)
+        error_checks(client, server)
+    finally:
+        rc = server.stop()
+    check("server: exit 0 on SIGTERM", rc == 0, rc)
+    auth_checks(args.qwenrt)
+    print(f"{len(failures)} failures, {time.time() - t0:.1f}s")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
