@@ -149,7 +149,8 @@ void replay_anthropic(std::string_view text, size_t chunk) {
   last.finish = qwenrt::gen::FinishReason::kLength;
   last.reply = parser.result();
   whole.collect(0, last);
-  sse += streamed.stream(0, last) + streamed.stream_end();
+  sse += streamed.stream(0, last);
+  sse += streamed.stream_end();  // after: the done update decides it
   std::vector<std::string> inputs;
   size_t pos = 0;
   while ((pos = sse.find("data: ", pos)) != std::string::npos) {
