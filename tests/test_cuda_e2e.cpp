@@ -117,6 +117,16 @@ TEST(CudaEndToEnd, GreedyContinuationsMatchTheCpuBackend) {
 }
 
 // A replayed graph runs the same kernels on the same data: bit-identical to eager steps.
+// The head sizes the CUDA kernels take (no GPU needed): outside them the backend "auto" loads the
+// model on the cpu backend instead of failing at the first attention call.
+TEST(CudaEndToEnd, UnsupportedHeadSizesAreNamed) {
+  EXPECT_EQ(ops::cuda_unsupported(256, 128), "");
+  EXPECT_EQ(ops::cuda_unsupported(64, 256), "");
+  EXPECT_NE(ops::cuda_unsupported(16, 16).find("head_dim 16"), std::string::npos);
+  EXPECT_NE(ops::cuda_unsupported(96, 128).find("head_dim 96"), std::string::npos);
+  EXPECT_NE(ops::cuda_unsupported(128, 512).find("DeltaNet head_dim 512"), std::string::npos);
+}
+
 TEST(CudaEndToEnd, GraphReplayEqualsEagerSteps) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const Prompt& p : trained_prompts()) {

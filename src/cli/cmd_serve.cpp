@@ -1,5 +1,6 @@
 // `qwenrt serve [-m MODEL] [--host H] [--port P] [--parallel N] [-c CTX] [--max-queue N]
-// [--api-key KEY] [--backend ...]`: the OpenAI-compatible HTTP server (src/serve).
+// [--api-key KEY] [--backend ...]`: the HTTP server (src/serve): OpenAI chat, completions and
+// Responses, Anthropic Messages.
 #include <fmt/format.h>
 #include <pthread.h>
 
@@ -74,7 +75,7 @@ int run_serve(const ServeCliOptions& opt) {
 
 Run add_serve(CLI::App& app) {
   auto opt = std::make_shared<ServeCliOptions>();
-  auto* sub = app.add_subcommand("serve", "Serve the model over HTTP (OpenAI-compatible API)");
+  auto* sub = app.add_subcommand("serve", "Serve the model over HTTP (OpenAI and Anthropic APIs)");
   add_model_option(sub, opt->model, "Model (default: the embedded tiny chat model)");
   sub->add_option("--host", opt->host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", opt->port, "Port to listen on (0: any free port)")

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace qwenrt::engine {
 
@@ -45,8 +46,18 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
       config_(model::Config::from_gguf(file_)),
       identity_(model::identify(file_)),
       options_(options) {
-  const std::string backend =
-      options.backend == "auto" ? (ops::cuda_available() ? "cuda" : "cpu") : options.backend;
+  std::string backend = options.backend;
+  if (backend == "auto") {
+    backend = "cpu";
+    if (ops::cuda_available()) {
+      const std::string why = ops::cuda_unsupported(config_.head_dim, config_.ssm_head_dim);
+      if (why.empty()) {
+        backend = "cuda";
+      } else {
+        log(LogLevel::kInfo, "the cuda backend has no kernels for this model's {}: using cpu", why);
+      }
+    }
+  }
   if (options.make_backend) {
     ops_ = options.make_backend();
   } else if (backend == "ref") {

@@ -14,4 +14,8 @@ bool cuda_available() {
   return false;
 }
 
+std::string cuda_unsupported(int, int) {
+  return "the cuda backend is not in this build";
+}
+
 }  // namespace qwenrt::ops

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "ops/types.h"
 
@@ -133,5 +134,8 @@ std::unique_ptr<Ops> make_cpu_ops(int n_threads = 0);
 std::unique_ptr<Ops> make_cuda_ops(int device = 0);
 // Whether this build has the CUDA backend and a usable GPU (tests skip without one).
 bool cuda_available();
+// Why the CUDA backend's kernels cannot run a model with attention heads of `head_dim` and
+// DeltaNet heads of `ssm_head_dim` (the backend "auto" then picks cpu), or empty when they can.
+std::string cuda_unsupported(int head_dim, int ssm_head_dim);
 
 }  // namespace qwenrt::ops

@@ -455,8 +455,8 @@ class CudaOps final : public Ops {
                                  cuda::matmul_workspace_bytes(gate, n * k),
                                  cuda::matmul_workspace_bytes(down, n * k)});
     if (shared) {
-      ws_bytes = std::max(
-          {ws_bytes, cuda::matmul_swiglu_workspace_bytes(sg, n), cuda::matmul_workspace_bytes(sd, n)});
+      ws_bytes = std::max({ws_bytes, cuda::matmul_swiglu_workspace_bytes(sg, n),
+                           cuda::matmul_workspace_bytes(sd, n)});
     }
     // Many rows: the routed experts as grouped GEMMs over the pairs ordered by expert.
     const bool grouped = n >= grouped_min_rows_ && cuda::grouped_experts_fit(gate) &&
@@ -481,7 +481,8 @@ class CudaOps final : public Ops {
                     shared ? ref::f32_data(w.shared_gate_inp) : nullptr, dim, shared_scale,
                     stream_);
     if (grouped) {
-      const cuda::ExpertOrder order = cuda::order_by_expert(ids, n * k, n_expert, order_ws, stream_);
+      const cuda::ExpertOrder order =
+          cuda::order_by_expert(ids, n * k, n_expert, order_ws, stream_);
       cuda::grouped_experts_swiglu(gate, up, order, k, x, mid, stream_);
       cuda::grouped_experts_down(down, order, mid, pairs, stream_);
       if (shared) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
@@ -837,7 +838,7 @@ class CudaOps final : public Ops {
   // stream_ by events, so a captured graph holds both branches).
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  DeviceArena arena_;    // activations of the step (alloc)
+  DeviceArena arena_;         // activations of the step (alloc)
   DeviceArena scratch_;       // one op's workspace at a time (skip)
   DeviceArena side_scratch_;  // the side stream's (the MoE shared expert)
   void* ws_ = nullptr;
@@ -893,6 +894,15 @@ bool cuda_available() {
     return count > 0;
   }();
   return available;
+}
+
+std::string cuda_unsupported(int head_dim, int ssm_head_dim) {
+  // The limits attention.cu and deltanet.cu check at every call.
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    return fmt::format("attention head_dim {} (the kernels take 64, 128 or 256)", head_dim);
+  if (ssm_head_dim < 1 || ssm_head_dim > 256)
+    return fmt::format("DeltaNet head_dim {} (the kernels take at most 256)", ssm_head_dim);
+  return "";
 }
 
 std::unique_ptr<Ops> make_cuda_ops(int device) {
