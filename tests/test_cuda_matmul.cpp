@@ -542,8 +542,8 @@ TEST(CudaMatmulLaunchers, GroupedExpertsMatchReference) {
 TEST(CudaMatmulLaunchers, PrefillGemmMatchesReference) {
   if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(31);
-  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS, DType::Q8_0,
-                     DType::Q4_0, DType::F16, DType::BF16, DType::F32}) {
+  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS, DType::Q8_0, DType::Q4_0,
+                     DType::F16, DType::BF16, DType::F32}) {
     for (bool q8s : {false, true}) {
       if (q8s && type != DType::Q8_0) continue;
       const int64_t in = 1024, out = 700, n = 77;

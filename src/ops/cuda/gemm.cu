@@ -3,7 +3,8 @@
 // - quantised W: a chunk of rows at a time is dequantised to bf16 into the workspace (at most
 //   kChunkBytes, so the lm head needs no 2.5 GB copy), x is converted to bf16 once per call, and
 //   cublasGemmEx multiplies bf16 x bf16 with fp32 accumulation into fp32 y;
-// - F32 / F16 / BF16 W: the chunk is expanded to fp32 and multiplied in fp32 (cublasSgemm, no TF32),
+// - F32 / F16 / BF16 W: the chunk is expanded to fp32 and multiplied in fp32 (cublasSgemm, no
+// TF32),
 //   so float weights keep fp32 accuracy.
 // In cuBLAS's column-major terms a row-major y [n, out] is out x n with ld = out, and W's rows
 // (`in` contiguous) are the columns of an in x out matrix: y^T = W x^T is GEMM(T, N) with
@@ -143,7 +144,8 @@ void expand(const Matrix& w, int64_t row0, int64_t rows, Out* out, cudaStream_t 
 
 void check_blas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    cuda_fail("{} failed: {} ({})", what, cublasGetStatusName(status), cublasGetStatusString(status));
+    cuda_fail("{} failed: {} ({})", what, cublasGetStatusName(status),
+              cublasGetStatusString(status));
 }
 
 // The handle of `stream` (created on first use, kept for the process: handles are few and cheap,

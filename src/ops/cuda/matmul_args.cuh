@@ -112,7 +112,7 @@ const void* gemm_prepare_x(const float* x, int64_t n, int64_t in, void* workspac
                            cudaStream_t stream);
 // y [n, out] (rows ldy floats apart) = x @ W^T, x as gemm_prepare_x returned it (or fp32 x for
 // float W).
-void gemm(const Matrix& w, const void* x, int64_t n, float* y, int64_t ldy,
-          void* workspace, cudaStream_t stream);
+void gemm(const Matrix& w, const void* x, int64_t n, float* y, int64_t ldy, void* workspace,
+          cudaStream_t stream);
 
 }  // namespace qwenrt::ops::cuda::mm

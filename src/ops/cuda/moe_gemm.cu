@@ -11,8 +11,8 @@
 //   block loads the tile's activation rows (fp32 -> bf16) and dequantises its weight rows
 //   (qb::dequant8, the reference's arithmetic, -> bf16) into shared memory, and its four
 //   warps multiply them with WMMA (bf16 inputs, fp32 accumulators). SwiGLU blocks take kTileN gate
-//   rows and the same kTileN up rows, so silu(gate) * up is formed in the epilogue; down blocks take
-//   2 * kTileN rows of the down matrix.
+//   rows and the same kTileN up rows, so silu(gate) * up is formed in the epilogue; down blocks
+//   take 2 * kTileN rows of the down matrix.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -29,13 +29,13 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kThreads = 128;         // 4 warps
-constexpr int kTileRows = 32;         // pairs per tile (M)
-constexpr int kTileN = 64;            // gate (and up) rows per SwiGLU block; down: 2 * kTileN
-constexpr int kRowsB = 2 * kTileN;    // weight rows a block holds
-constexpr int kStepK = 64;            // `in` elements per shared-memory step
-constexpr int kLd = kStepK + 8;       // bf16 row stride in shared memory (WMMA: multiple of 8)
-constexpr int kLdC = kRowsB + 4;      // fp32 row stride of the epilogue's tile
+constexpr int kThreads = 128;       // 4 warps
+constexpr int kTileRows = 32;       // pairs per tile (M)
+constexpr int kTileN = 64;          // gate (and up) rows per SwiGLU block; down: 2 * kTileN
+constexpr int kRowsB = 2 * kTileN;  // weight rows a block holds
+constexpr int kStepK = 64;          // `in` elements per shared-memory step
+constexpr int kLd = kStepK + 8;     // bf16 row stride in shared memory (WMMA: multiple of 8)
+constexpr int kLdC = kRowsB + 4;    // fp32 row stride of the epilogue's tile
 constexpr int kOrderThreads = 1024;
 
 int64_t align256(int64_t bytes) {
@@ -76,7 +76,7 @@ struct GroupedArgs {
   const uint8_t* w0;  // gate (SwiGLU) or down
   const uint8_t* w1;  // up (SwiGLU)
   int64_t row_bytes, expert_bytes, in, out;
-  const float* x;     // SwiGLU: x [n, in], pair p reads row p / k; down: x [n_pairs, in]
+  const float* x;  // SwiGLU: x [n, in], pair p reads row p / k; down: x [n_pairs, in]
   int k;
   ExpertOrder order;
   float* y;  // [n_pairs, out]
@@ -125,8 +125,10 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(const __grid_constant
   int lo = 0, hi = o.n_expert - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (o.tile_start[mid] <= tile) lo = mid;
-    else hi = mid - 1;
+    if (o.tile_start[mid] <= tile)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int e = lo;
   const int64_t m0 = o.pair_start[e] + int64_t(tile - o.tile_start[e]) * kTileRows;
@@ -134,8 +136,8 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(const __grid_constant
   const int rows = static_cast<int>(left < kTileRows ? left : kTileRows);
   const int64_t n0 = int64_t(blockIdx.y) * (kSwiGlu ? kTileN : kRowsB);
 
-  __shared__ __align__(32) uint8_t smem[std::max(
-      (kTileRows + kRowsB) * kLd * 2, kTileRows * kLdC * 4)];
+  __shared__ __align__(32)
+      uint8_t smem[std::max((kTileRows + kRowsB) * kLd * 2, kTileRows * kLdC * 4)];
   __shared__ int32_t s_pair[kTileRows];
   auto* sa = reinterpret_cast<__nv_bfloat16*>(smem);
   auto* sb = sa + kTileRows * kLd;
@@ -215,8 +217,8 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(const __grid_constant
   for (int item = threadIdx.x; item < kTileRows * kCols; item += kThreads) {
     const int r = item / kCols, j = item % kCols;
     if (r >= rows || n0 + j >= a.out) continue;
-    const float v = kSwiGlu ? mm::silu(sc[r * kLdC + j]) * sc[r * kLdC + kTileN + j]
-                            : sc[r * kLdC + j];
+    const float v =
+        kSwiGlu ? mm::silu(sc[r * kLdC + j]) * sc[r * kLdC + kTileN + j] : sc[r * kLdC + j];
     a.y[int64_t(s_pair[r]) * a.out + n0 + j] = v;
   }
 }
@@ -225,8 +227,10 @@ template <bool kSwiGlu>
 void launch_grouped(const Matrix& w0, const Matrix* w1, const ExpertOrder& order, int k,
                     const float* x, float* y, cudaStream_t stream) {
   if (order.n_pairs == 0) return;
-  if (w0.in % kStepK != 0) cuda_fail("grouped experts: in = {} is not a multiple of {}", w0.in, kStepK);
-  if (!mm::aligned(x, 16)) cuda_fail("grouped experts: x {} is not 16-byte aligned", static_cast<const void*>(x));
+  if (w0.in % kStepK != 0)
+    cuda_fail("grouped experts: in = {} is not a multiple of {}", w0.in, kStepK);
+  if (!mm::aligned(x, 16))
+    cuda_fail("grouped experts: x {} is not 16-byte aligned", static_cast<const void*>(x));
   GroupedArgs a{};
   a.w0 = static_cast<const uint8_t*>(w0.data);
   a.w1 = w1 ? static_cast<const uint8_t*>(w1->data) : nullptr;
@@ -242,9 +246,9 @@ void launch_grouped(const Matrix& w0, const Matrix* w1, const ExpertOrder& order
   const dim3 grid(static_cast<unsigned>(order.max_tiles),
                   static_cast<unsigned>((w0.out + cols - 1) / cols));
   switch (w0.dtype) {
-#define QWENRT_GROUPED_CASE(TYPE, ELEM)                                 \
-  case DType::TYPE:                                                     \
-    grouped_kernel<ELEM, kSwiGlu><<<grid, kThreads, 0, stream>>>(a);    \
+#define QWENRT_GROUPED_CASE(TYPE, ELEM)                              \
+  case DType::TYPE:                                                  \
+    grouped_kernel<ELEM, kSwiGlu><<<grid, kThreads, 0, stream>>>(a); \
     break;
     QWENRT_GROUPED_CASE(Q4_K, QuantElem<qb::Q4K>)
     QWENRT_GROUPED_CASE(Q5_K, QuantElem<qb::Q5K>)
@@ -286,8 +290,8 @@ ExpertOrder order_by_expert(const int32_t* ids, int64_t n_pairs, int n_expert, v
   auto* pair_start = reinterpret_cast<int32_t*>(base + align256(n_pairs * 4));
   auto* tile_start = reinterpret_cast<int32_t*>(base + align256(n_pairs * 4) +
                                                 align256((int64_t{n_expert} + 1) * 4));
-  ExpertOrder o{pairs, pair_start, tile_start, n_expert, n_pairs,
-                (n_pairs + kTileRows - 1) / kTileRows + n_expert};
+  ExpertOrder o{pairs,    pair_start, tile_start,
+                n_expert, n_pairs,    (n_pairs + kTileRows - 1) / kTileRows + n_expert};
   const size_t smem = 2 * sizeof(int32_t) * static_cast<size_t>(n_expert);
   order_kernel<<<1, kOrderThreads, smem, stream>>>(ids, n_pairs, n_expert, pairs, pair_start,
                                                    tile_start);
