@@ -10,9 +10,11 @@
 # llama.cpp's default, Release. Idempotent: a second run reuses the download, the unpacked tree
 # and the build folder (an up-to-date build is a no-op).
 #
-# Results: OUT_DIR/build/bin/llama-bench and OUT_DIR/build/bin/llama-perplexity.
+# Results: OUT_DIR/build/bin/llama-bench and OUT_DIR/build/bin/llama-perplexity, and with
+# LLAMACPP_SERVER=1 also OUT_DIR/build/bin/llama-server (bench/server_load.py).
 # Environment: LLAMACPP_JOBS (parallel compile jobs, default: nproc), PYTHON (for pip download,
-# default: python3).
+# default: python3), LLAMACPP_SERVER (1: also configure LLAMA_BUILD_SERVER=ON and build
+# llama-server; reconfigures an existing build folder, which stays incremental).
 set -euo pipefail
 
 VERSION=0.3.36
@@ -26,6 +28,7 @@ mkdir -p "${OUT}"
 OUT="$(cd "${OUT}" && pwd)"
 PYTHON="${PYTHON:-python3}"
 JOBS="${LLAMACPP_JOBS:-$(nproc)}"
+SERVER="${LLAMACPP_SERVER:-0}"
 TGZ="${OUT}/${NAME}.tar.gz"
 SRC="${OUT}/${NAME}/vendor/llama.cpp"
 BUILD="${OUT}/build"
@@ -66,9 +69,18 @@ if [[ ! -f "${BUILD}/CMakeCache.txt" ]]; then
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DBUILD_SHARED_LIBS=OFF >&2
 fi
-cmake --build "${BUILD}" --target llama-bench llama-perplexity -j "${JOBS}" >&2
+targets=(llama-bench llama-perplexity)
+if [[ "${SERVER}" == 1 ]]; then
+  # The server needs LLAMA_BUILD_SERVER (and its examples/tools folder); turning it on in the
+  # existing cache keeps the CPU libraries already built.
+  if ! grep -q '^LLAMA_BUILD_SERVER:BOOL=ON' "${BUILD}/CMakeCache.txt"; then
+    cmake -S "${SRC}" -B "${BUILD}" -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >&2
+  fi
+  targets+=(llama-server)
+fi
+cmake --build "${BUILD}" --target "${targets[@]}" -j "${JOBS}" >&2
 
-for t in llama-bench llama-perplexity; do
+for t in "${targets[@]}"; do
   [[ -x "${BUILD}/bin/${t}" ]] || {
     echo "error: ${BUILD}/bin/${t} was not built" >&2
     exit 1
