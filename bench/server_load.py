@@ -134,6 +134,7 @@ class Reply:
         self.finish_reason = None
         self.done = False         # saw data: [DONE]
         self.completion_tokens = None  # from usage when the server sent it
+        self.text = ""            # the streamed content deltas, concatenated
         self.body = b""           # non-streamed body, or the tail of a stream
         self.error = None         # exception text when the exchange failed
 
@@ -206,6 +207,7 @@ async def exchange(port: int, path: str, body: dict, stream: bool, leave_after: 
                     for ch in j.get("choices") or []:
                         d = ch.get("delta") or {}
                         if d.get("content") or d.get("reasoning_content"):
+                            r.text += d.get("content") or ""
                             r.token_times.append(now)
                             if r.t_first is None:
                                 r.t_first = now
@@ -368,13 +370,16 @@ async def phase_a(srv: ServerProc, a, stops) -> dict:
                          "itl_p99": pct(itl, 99) if itl else float("nan"),
                          "errors": sorted({r.error or f"status {r.status}" for r in replies
                                            if r not in ok})[:3],
-                         "first_text": None})
+                         "texts": {i: r.text for i, r in enumerate(replies)}})
             print(f"  {srv.kind} repeat {rep}: {reps[-1]['ok']}/{a.clients} ok, "
                   f"{reps[-1]['tok_s']:.1f} tok/s, ttft p50 {reps[-1]['ttft_p50']:.3f}s, "
                   f"itl p50 {reps[-1]['itl_p50'] * 1e3:.1f}ms", flush=True)
     med = {k: statistics.median(r[k] for r in reps)
            for k in ("tok_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "wall")}
     med["reps"] = reps
+    med["texts"] = reps[0]["texts"]  # repeat 0, by client: compared across servers
+    for r in reps:
+        del r["texts"]
     med["rss_idle"] = rss.samples[0] if rss.samples else float("nan")
     med["rss_peak"] = max(rss.samples) if rss.samples else float("nan")
     return med
@@ -417,26 +422,31 @@ async def phase_b(srv: ServerProc, a, stops) -> dict:
 async def phase_c(srv: ServerProc, a, stops) -> dict:
     await exchange(srv.port, "/v1/chat/completions", chat_body(9999, a, stops, stream=False), False)
     await asyncio.sleep(1.0)
-    idle = [rss_mib(srv.proc.pid) for _ in range(1)]
+    idle = rss_mib(srv.proc.pid)
     n = 10 * (a.parallel + a.overload_queue)
+    bursts = []
     with RssSampler(srv.proc.pid) as rss:
-        await asyncio.sleep(0.5)
-        t0 = time.perf_counter()
-        replies = await asyncio.gather(*[
-            exchange(srv.port, "/v1/chat/completions", chat_body(i, a, stops, stream=False), False)
-            for i in range(n)])
-        wall = time.perf_counter() - t0
-        await asyncio.sleep(1.0)
-    after = rss_mib(srv.proc.pid)
-    by_status = {}
-    for r in replies:
-        key = r.error.split(":")[0] if r.error else str(r.status)
-        by_status[key] = by_status.get(key, 0) + 1
-    r429 = [r for r in replies if r.status == 429]
-    return {"requests": n, "by_status": by_status, "wall": wall,
-            "retry_after": sum(1 for r in r429 if "retry-after" in r.headers),
-            "retry_after_values": sorted({r.headers.get("retry-after") for r in r429} - {None}),
-            "rss_idle": idle[0], "rss_peak": max(rss.samples), "rss_after": after,
+        for burst in range(a.overload_bursts):
+            first = len(rss.samples)
+            t0 = time.perf_counter()
+            replies = await asyncio.gather(*[
+                exchange(srv.port, "/v1/chat/completions",
+                         chat_body(burst * 10000 + i, a, stops, stream=False), False)
+                for i in range(n)])
+            wall = time.perf_counter() - t0
+            await asyncio.sleep(1.0)
+            by_status = {}
+            for r in replies:
+                key = r.error.split(":")[0] if r.error else str(r.status)
+                by_status[key] = by_status.get(key, 0) + 1
+            r429 = [r for r in replies if r.status == 429]
+            bursts.append({"by_status": by_status, "wall": wall,
+                           "retry_after": sum(1 for r in r429 if "retry-after" in r.headers),
+                           "retry_after_values": sorted({r.headers.get("retry-after")
+                                                         for r in r429} - {None}),
+                           "rss_peak": max(rss.samples[first:] or [float("nan")]),
+                           "rss_after": rss_mib(srv.proc.pid)})
+    return {"requests": n, "bursts": bursts, "rss_idle": idle, "rss_peak": max(rss.samples),
             "rss_samples": len(rss.samples)}
 
 
@@ -624,6 +634,19 @@ def report(a, res: dict, argv: list[str]) -> str:
         cells.append("")
         L.append("| qwenrt / llama-server | " + " | ".join(cells) + " |")
     L.append("")
+    if "texts" in q and "texts" in l:
+        same = sum(1 for i, t in q["texts"].items() if l["texts"].get(i) == t)
+        prefix = [len(os.path.commonprefix([t, l["texts"].get(i, "")])) / max(len(t), 1)
+                  for i, t in q["texts"].items()]
+        L.append(f"Same greedy reply text on both servers (repeat 0, by client): {same} of "
+                 f"{len(q['texts'])}; the common prefix is {statistics.median(prefix):.0%} of "
+                 f"qwenrt's text at the median. Ratios: below 1 is better for the latencies, above 1 for "
+                 f"tok/s. TTFT includes the wait for a slot ({a.clients} clients, {a.parallel} "
+                 f"slots).")
+        L.append("")
+    for n in a.note or []:
+        L.append(f"Note: {n}")
+        L.append("")
     L.append("Every repeat (ok clients, tok/s, TTFT p50/p99, ITL p50/p99):")
     L.append("")
     for name, d in (("qwenrt", q), ("llama-server", l)):
@@ -662,14 +685,18 @@ def report(a, res: dict, argv: list[str]) -> str:
         c = res["c"]
         L.append(f"## (c) 10x overload (qwenrt, --max-queue {a.overload_queue})")
         L.append("")
-        L.append(f"{c['requests']} concurrent non-streamed chat requests (10 x ({a.parallel} slots "
-                 f"+ {a.overload_queue} queue)), max_tokens {a.max_tokens}. Answers: "
-                 f"{c['by_status']} in {c['wall']:.1f} s; {c['retry_after']} of the 429s carry "
-                 f"Retry-After (values {c['retry_after_values']}).")
+        L.append(f"{len(c['bursts'])} bursts, 1 s apart, of {c['requests']} concurrent non-streamed "
+                 f"chat requests each (10 x ({a.parallel} slots + {a.overload_queue} queue)), "
+                 f"max_tokens {a.max_tokens}. RSS: VmRSS every 0.2 s ({c['rss_samples']} "
+                 f"samples); idle {c['rss_idle']:.1f} MiB after one request, before the first "
+                 f"burst; peak over all bursts {c['rss_peak']:.1f} MiB.")
         L.append("")
-        L.append(f"RSS (VmRSS, every 0.2 s, {c['rss_samples']} samples): idle {c['rss_idle']:.1f} "
-                 f"MiB, peak {c['rss_peak']:.1f} MiB (+{c['rss_peak'] - c['rss_idle']:.1f}), "
-                 f"1 s after {c['rss_after']:.1f} MiB.")
+        L.append("| burst | answers | 429s with Retry-After | wall | RSS peak MiB | RSS 1 s after |")
+        L.append("|---|---|---|---|---|---|")
+        for i, bu in enumerate(c["bursts"]):
+            L.append(f"| {i} | {bu['by_status']} | {bu['retry_after']} (values "
+                     f"{bu['retry_after_values']}) | {bu['wall']:.2f} s | {bu['rss_peak']:.1f} | "
+                     f"{bu['rss_after']:.1f} |")
         L.append("")
     if "d" in res:
         d = res["d"]
@@ -698,17 +725,19 @@ def main():
     ap.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA_SERVER)
     ap.add_argument("--parallel", type=int, default=8, help="slots on both servers")
     ap.add_argument("-c", "--ctx", type=int, default=512, help="context per slot")
-    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--queue", type=int, default=2048, help="qwenrt --max-queue for (a), (b), (d)")
     ap.add_argument("--disconnect-clients", type=int, default=1000)
-    ap.add_argument("--disconnect-concurrency", type=int, default=200)
+    ap.add_argument("--disconnect-concurrency", type=int, default=1000)
     ap.add_argument("--overload-queue", type=int, default=16)
+    ap.add_argument("--overload-bursts", type=int, default=5)
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-overload", action="store_true")
     ap.add_argument("--skip-sigterm", action="store_true")
+    ap.add_argument("--note", action="append", help="a line for the report (repeatable)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     for name in ("no_proxy", "NO_PROXY"):
