@@ -28,6 +28,10 @@ std::string show(const ParsedReply& reply) {
       .dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+std::string dump_arguments(const ToolCall& c) {
+  return c.arguments.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 #define EXPECT_REPLY(got, want) \
   EXPECT_EQ(got, want) << "got " << show(got) << "\nwant " << show(want)
 
@@ -275,6 +279,8 @@ TEST(ChatParse, StreamingEvents) {
         order.push_back("call " + event.call.name);
         EXPECT_EQ(event.call, parser.result().tool_calls.at(event.tool_index));
         break;
+      case ReplyEvent::Kind::kToolCallArgs:
+        break;
     }
   }
   EXPECT_EQ(reasoning, "Hmm.");
@@ -446,6 +452,7 @@ ParsedReply stream(const Generated& g, std::mt19937& rng, int max_chunk) {
   std::string reasoning, content;
   std::vector<ToolCall> calls;
   std::vector<std::string> begun;
+  std::string args;  // the open call's argument fragments
   // Deltas never split a UTF-8 sequence (a cut-short text may end inside one; that is its own).
   const bool input_valid = valid_utf8(g.text);
   const auto take = [&](std::vector<ReplyEvent> events) {
@@ -465,7 +472,14 @@ ParsedReply stream(const Generated& g, std::mt19937& rng, int max_chunk) {
           break;
         case ReplyEvent::Kind::kToolCall:
           EXPECT_EQ(event.tool_index, calls.size());
+          // The call's argument fragments spell its arguments exactly.
+          EXPECT_EQ(args, dump_arguments(event.call));
+          args.clear();
           calls.push_back(event.call);
+          break;
+        case ReplyEvent::Kind::kToolCallArgs:
+          EXPECT_EQ(event.tool_index, calls.size());
+          args += event.text;
           break;
       }
     }

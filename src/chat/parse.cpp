@@ -29,7 +29,7 @@ constexpr std::string_view kParamClose = "</parameter>";
 // Tags that interrupt reasoning or content.
 constexpr std::array<std::string_view, 4> kTextTags = {kThinkClose, kCallOpen, kFunctionOpen,
                                                        kThinkOpen};
-// Tags that end a parameter value; the first of them to appear wins (a value cannot hold them).
+// Tags that may end a parameter value: each is a candidate, decided by what follows it.
 constexpr std::array<std::string_view, 4> kValueEnds = {kParamClose, kParamOpen, kFunctionClose,
                                                         kCallClose};
 // Tags expected between parameters.
@@ -83,6 +83,22 @@ size_t incomplete_utf8_tail(std::string_view text) {
     return length > back ? back : 0;
   }
   return 0;
+}
+
+std::string_view skip_whitespace(std::string_view text) {
+  return text.substr(std::min(text.find_first_not_of(kWhitespace), text.size()));
+}
+
+// A value's text as the inside of its JSON string (nlohmann's escaping, character by character,
+// so the pieces of a string escape to the pieces of its escaping).
+std::string json_string_body(std::string_view text) {
+  const std::string quoted =
+      Json(std::string(text)).dump(-1, ' ', false, Json::error_handler_t::replace);
+  return quoted.substr(1, quoted.size() - 2);
+}
+
+std::string dump(const Json& value) {
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 std::string_view strip_ascii(std::string_view text) {
@@ -298,15 +314,44 @@ bool ReplyParser::step_call(bool final) {
       }
       param_name_ = std::string(strip_ascii(name));
       param_value_.clear();
+      param_streamed_ = 0;
       buffer_.erase(0, end + 1);
       stage_ = CallStage::kParamValue;
+      // A parameter given twice keeps its first value: the streamed arguments cannot take back
+      // what they sent.
+      param_ignored_ = call_.arguments.contains(param_name_);
+      if (!param_ignored_) {
+        param_streams_ = !is_typed(call_.name, param_name_);
+        push_args((args_opened_ ? "," : "{") + dump(Json(param_name_)) + ":" +
+                  (param_streams_ ? "\"" : ""));
+        args_opened_ = true;
+      }
       return true;
     }
     case CallStage::kParamValue: {
-      const auto [pos, tag] = find_first(buffer_, kValueEnds);
-      if (pos != std::string::npos) {
+      // Each candidate end is decided by the text after it; a rejected one is text of the value.
+      size_t from = 0;
+      for (;;) {
+        auto [pos, tag] = find_first(std::string_view(buffer_).substr(from), kValueEnds);
+        if (pos == std::string::npos) break;
+        pos += from;
+        const std::string_view rest = std::string_view(buffer_).substr(pos + tag.size());
+        const char before = pos > 0                ? buffer_[pos - 1]
+                            : param_value_.empty() ? '>'
+                                                   : param_value_.back();
+        const Verdict verdict = tag == kParamClose ? after_value_close(rest, final)
+                                                   : lenient_value_end(tag, before, rest, final);
+        if (verdict == Verdict::kNo) {
+          from = pos + 1;
+          continue;
+        }
         param_value_.append(buffer_, 0, pos);
-        buffer_.erase(0, pos + (tag == kParamClose ? tag.size() : 0));
+        buffer_.erase(0, pos);
+        if (verdict == Verdict::kUndecided) {
+          stream_value(/*final=*/false);
+          return false;  // the candidate waits for the text that decides it
+        }
+        if (tag == kParamClose) buffer_.erase(0, tag.size());
         finish_parameter();
         stage_ = CallStage::kBody;
         return true;
@@ -314,7 +359,10 @@ bool ReplyParser::step_call(bool final) {
       const size_t ready = buffer_.size() - (final ? 0 : held_suffix(buffer_, kValueEnds));
       param_value_.append(buffer_, 0, ready);
       buffer_.erase(0, ready);
-      if (!final) return false;
+      if (!final) {
+        stream_value(/*final=*/false);
+        return false;
+      }
       finish_parameter();
       end_call(/*complete=*/false);
       return true;
@@ -365,9 +413,12 @@ void ReplyParser::begin_call(bool explicit_open) {
   mode_ = Mode::kCall;
   stage_ = explicit_open ? CallStage::kOpen : CallStage::kName;
   call_ = ToolCall{};
+  args_opened_ = false;
 }
 
 void ReplyParser::end_call(bool complete) {
+  push_args(args_opened_ ? "}" : "{}");
+  args_opened_ = false;
   call_.complete = complete;
   const size_t index = result_.tool_calls.size();
   result_.tool_calls.push_back(call_);
@@ -386,13 +437,123 @@ void ReplyParser::malformed_call() {
 }
 
 void ReplyParser::finish_parameter() {
-  // The template writes "<parameter=P>\n" + value + "\n</parameter>": one newline on each side
-  // belongs to the format, not to the value.
-  std::string_view value = param_value_;
-  if (starts_with(value, "\n")) value.remove_prefix(1);
-  if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
-  call_.arguments[param_name_] = coerce(call_.name, param_name_, std::string(value));
+  if (!param_ignored_) {
+    stream_value(/*final=*/true);
+    // The template writes "<parameter=P>\n" + value + "\n</parameter>": one newline on each side
+    // belongs to the format, not to the value.
+    std::string_view value = param_value_;
+    if (starts_with(value, "\n")) value.remove_prefix(1);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    Json coerced = coerce(call_.name, param_name_, std::string(value));
+    push_args(param_streams_ ? "\"" : dump(coerced));
+    call_.arguments[param_name_] = std::move(coerced);
+  }
   param_value_.clear();
+  param_streamed_ = 0;
+  param_ignored_ = false;
+}
+
+void ReplyParser::stream_value(bool final) {
+  // Streams the part of a string value that can no longer change: not the format's newline at
+  // the start, not a last newline (it is the format's if the value ends there), not an
+  // unfinished UTF-8 sequence.
+  if (param_ignored_ || !param_streams_ || param_value_.empty()) return;
+  const std::string_view value = param_value_;
+  const size_t begin = std::max<size_t>(param_streamed_, value[0] == '\n' ? 1 : 0);
+  size_t end = value.size();
+  if (end > begin && value.back() == '\n') --end;
+  if (!final) end -= incomplete_utf8_tail(value.substr(0, end));
+  if (end <= begin) return;
+  push_args(json_string_body(value.substr(begin, end - begin)));
+  param_streamed_ = end;
+}
+
+bool ReplyParser::may_come_next(std::string_view name) const {
+  const std::string key(name);
+  if (key == param_name_ || call_.arguments.contains(key)) return false;
+  const auto schema = schemas_.find(call_.name);
+  return schema == schemas_.end() || schema->second.contains(key);
+}
+
+ReplyParser::Verdict ReplyParser::next_parameter(std::string_view rest, bool final) const {
+  // `rest` follows "<parameter=": a name that may come next, then '>'.
+  const size_t end = rest.find('>');
+  const std::string_view name = rest.substr(0, end);
+  if (name.find_first_of("<\n") != std::string_view::npos || name.size() > kMaxNameLength) {
+    return Verdict::kNo;
+  }
+  if (end == std::string_view::npos) return final ? Verdict::kYes : Verdict::kUndecided;
+  return may_come_next(strip_ascii(name)) ? Verdict::kYes : Verdict::kNo;
+}
+
+ReplyParser::Verdict ReplyParser::after_call_close(std::string_view rest, bool final) {
+  // After a call anything may follow but a tag that only occurs inside a call: then the closing
+  // tag was text of a value of an outer call.
+  constexpr std::array<std::string_view, 4> kInside = {kParamClose, kParamOpen, kFunctionClose,
+                                                       kCallClose};
+  rest = skip_whitespace(rest);
+  if (rest.empty()) return final ? Verdict::kYes : Verdict::kUndecided;
+  for (const std::string_view tag : kInside) {
+    if (starts_with(rest, tag)) return Verdict::kNo;
+  }
+  return !final && is_tag_prefix(rest, kInside) ? Verdict::kUndecided : Verdict::kYes;
+}
+
+ReplyParser::Verdict ReplyParser::after_function_close(std::string_view rest, bool final) {
+  // After </function> comes </tool_call> (then what may follow a call), or the call was left
+  // unclosed and anything but a tag of a call's inside may follow.
+  constexpr std::array<std::string_view, 4> kInside = {kParamClose, kParamOpen, kFunctionClose,
+                                                       kCallClose};
+  rest = skip_whitespace(rest);
+  if (starts_with(rest, kCallClose)) return after_call_close(rest.substr(kCallClose.size()), final);
+  if (rest.empty() || (!final && is_tag_prefix(rest, kInside))) {
+    return final ? Verdict::kYes : Verdict::kUndecided;
+  }
+  for (const std::string_view tag : {kParamClose, kParamOpen, kFunctionClose}) {
+    if (starts_with(rest, tag)) return Verdict::kNo;
+  }
+  return Verdict::kYes;
+}
+
+ReplyParser::Verdict ReplyParser::after_value_close(std::string_view rest, bool final) const {
+  // `rest` follows a "</parameter>".
+  rest = skip_whitespace(rest);
+  if (rest.empty()) return final ? Verdict::kYes : Verdict::kUndecided;
+  if (starts_with(rest, kParamClose)) {  // duplicated: decided by what follows the last one
+    return after_value_close(rest.substr(kParamClose.size()), final);
+  }
+  if (starts_with(rest, kParamOpen)) return next_parameter(rest.substr(kParamOpen.size()), final);
+  if (starts_with(rest, kFunctionClose)) {
+    return after_function_close(rest.substr(kFunctionClose.size()), final);
+  }
+  if (starts_with(rest, kCallClose)) return after_call_close(rest.substr(kCallClose.size()), final);
+  // The reply ended inside the next tag.
+  if (is_tag_prefix(rest, kValueEnds)) return final ? Verdict::kYes : Verdict::kUndecided;
+  return Verdict::kNo;
+}
+
+ReplyParser::Verdict ReplyParser::lenient_value_end(std::string_view tag, char before,
+                                                    std::string_view rest, bool final) const {
+  // The model left out </parameter>: the next tag ends the value only where the format puts it,
+  // on a line of its own, and followed as the format has it.
+  if (before != '\n') return Verdict::kNo;
+  if (tag == kFunctionClose) return after_function_close(rest, final);
+  if (tag == kCallClose) return after_call_close(rest, final);
+  const Verdict name = next_parameter(rest, final);
+  if (name != Verdict::kYes) return name;
+  const size_t end = rest.find('>');
+  if (end == std::string_view::npos) return Verdict::kYes;  // final: the reply ended in the tag
+  if (end + 1 == rest.size()) return final ? Verdict::kYes : Verdict::kUndecided;
+  return rest[end + 1] == '\n' ? Verdict::kYes : Verdict::kNo;
+}
+
+bool ReplyParser::is_typed(const std::string& function, const std::string& parameter) const {
+  const auto schema = schemas_.find(function);
+  if (schema == schemas_.end() || !schema->second.contains(parameter)) return false;
+  std::set<std::string> types;
+  collect_types(schema->second[parameter], types);
+  types.erase("string");
+  return !types.empty();
 }
 
 Json ReplyParser::coerce(const std::string& function, const std::string& parameter,
@@ -416,10 +577,18 @@ Json ReplyParser::coerce(const std::string& function, const std::string& paramet
   return raw;
 }
 
+void ReplyParser::push_args(std::string text) {
+  push_event({.kind = ReplyEvent::Kind::kToolCallArgs,
+              .text = std::move(text),
+              .tool_index = result_.tool_calls.size()});
+}
+
 void ReplyParser::push_event(ReplyEvent event) {
-  const bool is_text =
-      event.kind == ReplyEvent::Kind::kReasoning || event.kind == ReplyEvent::Kind::kContent;
-  if (is_text && !events_.empty() && events_.back().kind == event.kind) {
+  const bool mergeable = event.kind == ReplyEvent::Kind::kReasoning ||
+                         event.kind == ReplyEvent::Kind::kContent ||
+                         event.kind == ReplyEvent::Kind::kToolCallArgs;
+  if (mergeable && !events_.empty() && events_.back().kind == event.kind &&
+      events_.back().tool_index == event.tool_index) {
     events_.back().text += event.text;
     return;
   }

@@ -397,6 +397,8 @@ std::string MessageReply::stream(int, const gen::SequenceUpdate& u) {
           delta({{"type", "input_json_delta"}, {"partial_json", std::move(f)}});
         out += close_block();
         break;
+      case K::kToolCallArgs:  // the arguments go out whole with kToolCall
+        break;
     }
   }
   if (u.done) {

@@ -578,6 +578,7 @@ std::string ChatReply::stream(int choice, const gen::SequenceUpdate& u) {
       continue;
     }
     flush();
+    if (e.kind == K::kToolCallArgs) continue;  // the arguments go out whole with kToolCall
     if (!format_.parallel_tool_calls && e.tool_index > 0) continue;
     const size_t index = e.tool_index;
     const bool begun = index < c.call_ids.size();

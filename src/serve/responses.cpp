@@ -447,6 +447,8 @@ std::string ResponseReply::stream(int, const gen::SequenceUpdate& u) {
         }
         out += close_item();
         break;
+      case K::kToolCallArgs:  // the arguments go out whole with kToolCall
+        break;
     }
   }
   if (u.done) {
