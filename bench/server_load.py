@@ -140,10 +140,11 @@ class Reply:
 
 
 async def exchange(port: int, path: str, body: dict, stream: bool, leave_after: int = 0,
-                   timeout: float = 600.0) -> Reply:
-    """POST body to path; for a stream, parse SSE events as they arrive. leave_after > 0: close
-    the connection after that many content deltas (a client that disconnects)."""
-    r = Reply()
+                   timeout: float = 600.0, r: Reply | None = None) -> Reply:
+    """POST body to path; for a stream, parse SSE events as they arrive (into r, which the caller
+    may watch while it fills). leave_after > 0: close the connection after that many content
+    deltas (a client that disconnects)."""
+    r = r if r is not None else Reply()
     data = json.dumps(body).encode()
     writer = None
     try:
@@ -452,19 +453,28 @@ async def phase_c(srv: ServerProc, a, stops) -> dict:
 
 async def phase_d(srv: ServerProc, a, stops) -> dict:
     n = 32
+    watched = [Reply() for _ in range(n)]
     tasks = [asyncio.get_running_loop().create_task(
-        exchange(srv.port, "/v1/chat/completions", chat_body(i, a, stops, max_tokens=128), True))
+        exchange(srv.port, "/v1/chat/completions", chat_body(i, a, stops, max_tokens=128), True,
+                 timeout=60, r=watched[i]))
         for i in range(n)]
-    # SIGTERM once every slot's stream has produced tokens (the rest are queued or prefilling).
+    # SIGTERM once as many streams as there are slots have 4 tokens (the rest wait or prefill).
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 120:
-        m = await metrics(srv.port)
-        if m.get("qwenrt_running_sequences", 0) >= a.parallel and \
-                m.get("qwenrt_generated_tokens_total", 0) >= 4 * a.parallel:
+        if sum(1 for r in watched if len(r.token_times) >= 4) >= a.parallel:
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)
+    with_tokens = sum(1 for r in watched if r.token_times)
     srv.proc.send_signal(signal.SIGTERM)
     t_sig = time.perf_counter()
+    exited_at = []
+
+    async def watch_exit():  # when the process ends, independent of the clients
+        while srv.proc.poll() is None and time.perf_counter() - t_sig < 120:
+            await asyncio.sleep(0.02)
+        exited_at.append(time.perf_counter() - t_sig)
+
+    watcher = asyncio.get_running_loop().create_task(watch_exit())
     await asyncio.sleep(0.3)
     refused_during = None
     try:
@@ -475,8 +485,12 @@ async def phase_d(srv: ServerProc, a, stops) -> dict:
         refused_during = True
     replies = await asyncio.gather(*tasks)
     t_streams = time.perf_counter() - t_sig
-    rc = await asyncio.get_running_loop().run_in_executor(None, srv.proc.wait, 60)
-    t_exit = time.perf_counter() - t_sig
+    try:
+        rc = await asyncio.get_running_loop().run_in_executor(None, srv.proc.wait, 60)
+    except subprocess.TimeoutExpired:
+        rc = "still running 60 s after SIGTERM"
+    await watcher
+    t_exit = exited_at[0]
     try:
         _, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", srv.port), 5)
         w.close()
@@ -491,6 +505,8 @@ async def phase_d(srv: ServerProc, a, stops) -> dict:
             key = r.error.split(":")[0] if r.error else str(r.status)
             other[key] = other.get(key, 0) + 1
     return {"streams": n, "started": len(started), "complete": len(complete),
+            "with_tokens": with_tokens,
+            "tokens_of_started": sorted(len(r.token_times) for r in started),
             "finish_reasons": sorted({r.finish_reason for r in complete}),
             "incomplete": [(r.error, r.finish_reason, r.done, len(r.token_times))
                            for r in started if r not in complete][:5],
@@ -549,6 +565,11 @@ async def main_async(a) -> dict:
                 print("qwenrt: phase (b)", flush=True)
                 res["b"] = await phase_b(srv, a, stops)
                 print(f"  {res['b']}", flush=True)
+            if kind == "llama-server" and not a.skip_sigterm:
+                # Cheap on llama-server too: SIGTERM on this same process (it ends it).
+                print("llama-server: phase (d)", flush=True)
+                res["d_llama"] = await phase_d(srv, a, stops)
+                print(f"  {res['d_llama']}", flush=True)
         except SystemExit as e:
             res["a"][kind] = {"failed": str(e)[-1500:]}
             print(f"{kind} FAILED: {e}", flush=True)
@@ -698,20 +719,26 @@ def report(a, res: dict, argv: list[str]) -> str:
                      f"{bu['retry_after_values']}) | {bu['wall']:.2f} s | {bu['rss_peak']:.1f} | "
                      f"{bu['rss_after']:.1f} |")
         L.append("")
-    if "d" in res:
-        d = res["d"]
-        L.append("## (d) SIGTERM under load (qwenrt)")
+    for key, name in (("d", "qwenrt"), ("d_llama", "llama-server, after its (a)")):
+        if key not in res:
+            continue
+        d = res[key]
+        L.append(f"## (d) SIGTERM under load ({name})")
         L.append("")
-        L.append(f"32 streaming requests (max_tokens 128); SIGTERM once {a.parallel} sequences "
-                 f"were running and had generated tokens. {d['started']} were answered 200, "
-                 f"{d['complete']} of them ended with a finish_reason ({d['finish_reasons']}) "
-                 f"and [DONE]; not answered 200: {d['not_started'] or 'none'}. All streams ended "
-                 f"{d['streams_s']:.1f} s after the signal; the process exited {d['rc']} after "
-                 f"{d['exit_s']:.1f} s. A new connection 0.3 s after the signal was "
+        L.append(f"32 streaming requests (max_tokens 128); SIGTERM once {a.parallel} streams had "
+                 f"4 tokens ({d['with_tokens']} had tokens by then). {d['started']} were "
+                 f"answered 200, {d['complete']} of them ended with a finish_reason "
+                 f"({d['finish_reasons']}) and [DONE]; not answered 200: "
+                 f"{d['not_started'] or 'none'}. All streams ended {d['streams_s']:.1f} s after "
+                 f"the signal; the process exited {d['rc']} after {d['exit_s']:.1f} s. A new "
+                 f"connection 0.3 s after the signal was "
                  f"{'refused' if d['refused_during_drain'] else 'ACCEPTED'}; after exit "
-                 f"{'refused' if d['refused_after_exit'] else 'ACCEPTED'}.")
+                 f"{'refused' if d['refused_after_exit'] else 'ACCEPTED'}. Content deltas per "
+                 f"started stream: {d['tokens_of_started']}.")
         if d["incomplete"]:
-            L.append(f"Incomplete streams (error, finish_reason, [DONE], deltas): {d['incomplete']}")
+            L.append("")
+            L.append(f"Incomplete streams (error, finish_reason, [DONE], deltas), first 5: "
+                     f"{d['incomplete']}")
         L.append("")
         L.append(f"**{'Pass' if d['passed'] else 'FAIL'}**.")
         L.append("")
@@ -733,7 +760,7 @@ def main():
     ap.add_argument("--disconnect-clients", type=int, default=1000)
     ap.add_argument("--disconnect-concurrency", type=int, default=1000)
     ap.add_argument("--overload-queue", type=int, default=16)
-    ap.add_argument("--overload-bursts", type=int, default=5)
+    ap.add_argument("--overload-bursts", type=int, default=20)
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-overload", action="store_true")
     ap.add_argument("--skip-sigterm", action="store_true")
