@@ -4,7 +4,10 @@ the same GGUF, the same slots and the same per-slot context, one after the other
 
     LLAMACPP_SERVER=1 bash bench/build_llamacpp.sh           # llama-server from the pinned sdist
     .venv/bin/python bench/server_load.py -m models/qwen35-chat-tiny.Q8_0.gguf --parallel 8 \\
-        -c 512 -t 2 --out bench/results/server.md
+        -c 512 -t 1 --out bench/results/server.md
+
+-t 1 by default: on a 2-core machine that also runs the load generator (and often a build), two
+threads per server measure thread barriers on oversubscribed cores (bench/results/server-t2.md).
 
 Phases (each server is a fresh process; its exact command is recorded):
   (a) both servers: --clients concurrent streaming /v1/chat/completions (short chat prompts,
@@ -615,7 +618,9 @@ def report(a, res: dict, argv: list[str]) -> str:
     L.append(f"Run: {res['started']}; machine: {cpu_name()}, {os.cpu_count()} logical CPUs, cpu "
              f"backend, {a.threads} threads per server; load average (1/5/15 min) before "
              f"{res['load_before']}, after {res['load_after']}.  ")
-    L.append(f"qwenrt: `{shown(a.qwenrt)}` at git {git_rev()}; llama.cpp: llama-server from the "
+    built = datetime.datetime.fromtimestamp(a.qwenrt.stat().st_mtime, datetime.timezone.utc)
+    L.append(f"qwenrt: `{shown(a.qwenrt)}` (binary written {built:%Y-%m-%d %H:%M} UTC), working "
+             f"tree at git {git_rev()}; llama.cpp: llama-server from the "
              f"llama-cpp-python 0.3.36 sdist (`{llama_version(a.llama_server)}`).  ")
     L.append(f"Model: `{shown(a.model)}`; {a.parallel} slots, {a.ctx} tokens of context per slot "
              f"on both servers.")
@@ -765,7 +770,8 @@ def main():
     ap.add_argument("--skip-overload", action="store_true")
     ap.add_argument("--skip-sigterm", action="store_true")
     ap.add_argument("--note", action="append", help="a line for the report (repeatable)")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=Path, help="the Markdown report")
+    ap.add_argument("--json", type=Path, help="all results as JSON")
     a = ap.parse_args()
     for name in ("no_proxy", "NO_PROXY"):
         os.environ[name] = ",".join(filter(None, ["127.0.0.1,localhost", os.environ.get(name)]))
@@ -775,8 +781,8 @@ def main():
     print(text)
     if a.out:
         a.out.write_text(text)
-        a.out.with_suffix(".json").write_text(json.dumps(
-            {k: v for k, v in res.items()}, indent=1, default=str))
+    if a.json:  # everything measured, reply texts and server log tails included (not for commit)
+        a.json.write_text(json.dumps(res, indent=1, default=str))
 
 
 if __name__ == "__main__":
