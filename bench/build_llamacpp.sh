@@ -3,6 +3,7 @@
 # comparison (bench/cpu_compare.py, docs/bench.md).
 #
 #   nice -n 10 bash bench/build_llamacpp.sh [OUT_DIR]      # default OUT_DIR: build-llamacpp
+#   LLAMACPP_SERVER=1 nice -n 10 bash bench/build_llamacpp.sh   # also llama-server (server_load.py)
 #
 # llama.cpp comes only from the pinned llama-cpp-python sdist on PyPI
 # (tools/requirements-fixtures.txt), which vendors it under vendor/llama.cpp; the tarball's sha256
@@ -71,8 +72,8 @@ if [[ ! -f "${BUILD}/CMakeCache.txt" ]]; then
 fi
 targets=(llama-bench llama-perplexity)
 if [[ "${SERVER}" == 1 ]]; then
-  # The server needs LLAMA_BUILD_SERVER (and its examples/tools folder); turning it on in the
-  # existing cache keeps the CPU libraries already built.
+  # llama-server lives under tools/ (LLAMA_BUILD_TOOLS) behind LLAMA_BUILD_SERVER; turning it on
+  # in the existing cache keeps the CPU libraries already built.
   if ! grep -q '^LLAMA_BUILD_SERVER:BOOL=ON' "${BUILD}/CMakeCache.txt"; then
     cmake -S "${SRC}" -B "${BUILD}" -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >&2
   fi
