@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/expand.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/quant_blocks.cuh"
@@ -42,37 +43,8 @@ bool is_float(DType t) {
   return t == DType::F32 || t == DType::F16 || t == DType::BF16;
 }
 
-// Elements i0 .. i0 + 7 of a row, per type.
-template <class T>
-struct QuantElem {
-  static __device__ __forceinline__ void elem8(const uint8_t* row, int64_t i0, float (&v)[8]) {
-    qb::dequant8<T>(row, i0, v);
-  }
-};
-struct F32Elem {
-  static __device__ __forceinline__ void elem8(const uint8_t* row, int64_t i0, float (&v)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = reinterpret_cast<const float*>(row)[i0 + j];
-  }
-};
-struct F16Elem {
-  static __device__ __forceinline__ void elem8(const uint8_t* row, int64_t i0, float (&v)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = qb::half_bits_to_float(qb::load2(row + 2 * (i0 + j)));
-  }
-};
-struct BF16Elem {
-  static __device__ __forceinline__ void elem8(const uint8_t* row, int64_t i0, float (&v)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = qb::bf16_bits_to_float(qb::load2(row + 2 * (i0 + j)));
-  }
-};
-
 __device__ __forceinline__ void store(__nv_bfloat16* out, const float (&v)[kPerThread]) {
-  __align__(16) __nv_bfloat16 b[kPerThread];
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) b[j] = __float2bfloat16_rn(v[j]);
-  *reinterpret_cast<int4*>(out) = *reinterpret_cast<const int4*>(b);
+  expand::store8(out, v);
 }
 __device__ __forceinline__ void store(float* out, const float (&v)[kPerThread]) {
 #pragma unroll
@@ -113,32 +85,11 @@ void expand(const Matrix& w, int64_t row0, int64_t rows, Out* out, cudaStream_t 
   const auto* data = static_cast<const uint8_t*>(w.data) + row0 * w.row_bytes;
   const unsigned grid = blocks_for(rows * (w.in / kPerThread));
   const int64_t rb = w.row_bytes, in = w.in;
-  switch (w.dtype) {
-#define QWENRT_EXPAND_CASE(TYPE, ELEM)                                                        \
-  case DType::TYPE:                                                                           \
-    expand_kernel<ELEM, Out><<<grid, kThreadsPerBlock, 0, stream>>>(data, rb, in, rows, out); \
-    break;
-    QWENRT_EXPAND_CASE(Q4_K, QuantElem<qb::Q4K>)
-    QWENRT_EXPAND_CASE(Q5_K, QuantElem<qb::Q5K>)
-    QWENRT_EXPAND_CASE(Q6_K, QuantElem<qb::Q6K>)
-    QWENRT_EXPAND_CASE(Q4_0, QuantElem<qb::Q40>)
-    QWENRT_EXPAND_CASE(IQ4_XS, QuantElem<qb::IQ4XS>)
-    QWENRT_EXPAND_CASE(F32, F32Elem)
-    QWENRT_EXPAND_CASE(F16, F16Elem)
-    QWENRT_EXPAND_CASE(BF16, BF16Elem)
-#undef QWENRT_EXPAND_CASE
-    case DType::Q8_0:
-      if (w.q8_superblocks) {
-        expand_kernel<QuantElem<qb::Q80S>, Out>
-            <<<grid, kThreadsPerBlock, 0, stream>>>(data, rb, in, rows, out);
-      } else {
-        expand_kernel<QuantElem<qb::Q80>, Out>
-            <<<grid, kThreadsPerBlock, 0, stream>>>(data, rb, in, rows, out);
-      }
-      break;
-    default:
-      cuda_fail("gemm: no expansion for {}", dtype_name(w.dtype));
-  }
+  const bool launched = expand::with_reader(w, [&](auto reader) {
+    expand_kernel<decltype(reader), Out>
+        <<<grid, kThreadsPerBlock, 0, stream>>>(data, rb, in, rows, out);
+  });
+  if (!launched) cuda_fail("gemm: no expansion for {}", dtype_name(w.dtype));
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/expand.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/quant_blocks.cuh"
@@ -81,39 +82,6 @@ struct GroupedArgs {
   ExpertOrder order;
   float* y;  // [n_pairs, out]
 };
-
-// Elements i0 .. i0 + 7 of a row, per type.
-template <class T>
-struct QuantElem {
-  static __device__ __forceinline__ void elem8(const uint8_t* row, int64_t i0, float (&v)[8]) {
-    qb::dequant8<T>(row, i0, v);
-  }
-};
-struct F32Elem {
-  static __device__ __forceinline__ void elem8(const uint8_t* row, int64_t i0, float (&v)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = reinterpret_cast<const float*>(row)[i0 + j];
-  }
-};
-struct F16Elem {
-  static __device__ __forceinline__ void elem8(const uint8_t* row, int64_t i0, float (&v)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = qb::half_bits_to_float(qb::load2(row + 2 * (i0 + j)));
-  }
-};
-struct BF16Elem {
-  static __device__ __forceinline__ void elem8(const uint8_t* row, int64_t i0, float (&v)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = qb::bf16_bits_to_float(qb::load2(row + 2 * (i0 + j)));
-  }
-};
-
-__device__ __forceinline__ void store8(__nv_bfloat16* dst, const float (&v)[8]) {
-  __align__(16) __nv_bfloat16 b[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) b[j] = __float2bfloat16_rn(v[j]);
-  *reinterpret_cast<int4*>(dst) = *reinterpret_cast<const int4*>(b);
-}
 
 template <class E, bool kSwiGlu>
 __global__ void __launch_bounds__(kThreads) grouped_kernel(const __grid_constant__ GroupedArgs a) {
@@ -179,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(const __grid_constant
         v[0] = lo4.x, v[1] = lo4.y, v[2] = lo4.z, v[3] = lo4.w;
         v[4] = hi4.x, v[5] = hi4.y, v[6] = hi4.z, v[7] = hi4.w;
       }
-      store8(sa + r * kLd + c, v);
+      expand::store8(sa + r * kLd + c, v);
     }
     // Weights: kRowsB x kStepK, dequantised.
     for (int item = threadIdx.x; item < kRowsB * kStepK / 8; item += kThreads) {
@@ -187,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(const __grid_constant
       const uint8_t* row = b_row(j);
       float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (row != nullptr && k0 + c < a.in) E::elem8(row, k0 + c, v);
-      store8(sb + j * kLd + c, v);
+      expand::store8(sb + j * kLd + c, v);
     }
     __syncthreads();
 #pragma unroll
@@ -245,30 +213,10 @@ void launch_grouped(const Matrix& w0, const Matrix* w1, const ExpertOrder& order
   const int cols = kSwiGlu ? kTileN : kRowsB;
   const dim3 grid(static_cast<unsigned>(order.max_tiles),
                   static_cast<unsigned>((w0.out + cols - 1) / cols));
-  switch (w0.dtype) {
-#define QWENRT_GROUPED_CASE(TYPE, ELEM)                              \
-  case DType::TYPE:                                                  \
-    grouped_kernel<ELEM, kSwiGlu><<<grid, kThreads, 0, stream>>>(a); \
-    break;
-    QWENRT_GROUPED_CASE(Q4_K, QuantElem<qb::Q4K>)
-    QWENRT_GROUPED_CASE(Q5_K, QuantElem<qb::Q5K>)
-    QWENRT_GROUPED_CASE(Q6_K, QuantElem<qb::Q6K>)
-    QWENRT_GROUPED_CASE(Q4_0, QuantElem<qb::Q40>)
-    QWENRT_GROUPED_CASE(IQ4_XS, QuantElem<qb::IQ4XS>)
-    QWENRT_GROUPED_CASE(F32, F32Elem)
-    QWENRT_GROUPED_CASE(F16, F16Elem)
-    QWENRT_GROUPED_CASE(BF16, BF16Elem)
-#undef QWENRT_GROUPED_CASE
-    case DType::Q8_0:
-      if (w0.q8_superblocks) {
-        grouped_kernel<QuantElem<qb::Q80S>, kSwiGlu><<<grid, kThreads, 0, stream>>>(a);
-      } else {
-        grouped_kernel<QuantElem<qb::Q80>, kSwiGlu><<<grid, kThreads, 0, stream>>>(a);
-      }
-      break;
-    default:
-      cuda_fail("grouped experts: no kernel for {}", dtype_name(w0.dtype));
-  }
+  const bool launched = expand::with_reader(w0, [&](auto reader) {
+    grouped_kernel<decltype(reader), kSwiGlu><<<grid, kThreads, 0, stream>>>(a);
+  });
+  if (!launched) cuda_fail("grouped experts: no kernel for {}", dtype_name(w0.dtype));
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 

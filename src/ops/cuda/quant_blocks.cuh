@@ -484,16 +484,22 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int64_t i0, float (
   for (int j = 0; j < 8; ++j) v[j] = dequant_element<T>(row, i0 + j);
 }
 
-template <>
-__device__ __forceinline__ void dequant8<Q4K>(const uint8_t* row, int64_t i0, float (&v)[8]) {
-  const uint8_t* b = row + (i0 / 256) * Q4K::kBytes;
-  const int e = int(i0 % 256), j = e / 32, l = e % 32;
+// A Q4_K / Q5_K sub-block's scale and min (its elements are d * level - mn).
+__device__ __forceinline__ void k4_sub_block_scale(const uint8_t* b, int j, float& d, float& mn) {
   const int4 hdr = load16(b);
   int sc, m;
   k4_scale_min(hdr, j, sc, m);
   const uint32_t dd = uint32_t(hdr.x);
-  const float d = half_bits_to_float(dd & 0xffff) * float(sc);
-  const float mn = half_bits_to_float(dd >> 16) * float(m);
+  d = half_bits_to_float(dd & 0xffff) * float(sc);
+  mn = half_bits_to_float(dd >> 16) * float(m);
+}
+
+template <>
+__device__ __forceinline__ void dequant8<Q4K>(const uint8_t* row, int64_t i0, float (&v)[8]) {
+  const uint8_t* b = row + (i0 / 256) * Q4K::kBytes;
+  const int e = int(i0 % 256), j = e / 32, l = e % 32;
+  float d, mn;
+  k4_sub_block_scale(b, j, d, mn);
   const uint2 q = load8(b + 16 + 32 * (j / 2) + l);
   const int shift = 4 * (j % 2);
 #pragma unroll
@@ -506,12 +512,8 @@ template <>
 __device__ __forceinline__ void dequant8<Q5K>(const uint8_t* row, int64_t i0, float (&v)[8]) {
   const uint8_t* b = row + (i0 / 256) * Q5K::kBytes;
   const int e = int(i0 % 256), j = e / 32, l = e % 32;
-  const int4 hdr = load16(b);
-  int sc, m;
-  k4_scale_min(hdr, j, sc, m);
-  const uint32_t dd = uint32_t(hdr.x);
-  const float d = half_bits_to_float(dd & 0xffff) * float(sc);
-  const float mn = half_bits_to_float(dd >> 16) * float(m);
+  float d, mn;
+  k4_sub_block_scale(b, j, d, mn);
   const uint2 q = load8(b + 48 + 32 * (j / 2) + l), h = load8(b + 16 + l);
   const int shift = 4 * (j % 2);
 #pragma unroll
