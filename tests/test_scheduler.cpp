@@ -507,12 +507,14 @@ TEST_F(SchedulerTest, CancelFreesTheSlot) {
 }
 
 TEST_F(SchedulerTest, QueueFullAndShuttingDown) {
+  // One slot, max_queue 2: while the slot is free, three may wait (the one about to take it and
+  // two more); once it is taken, two.
   Scheduler s(*engine_, *tokenizer_, {.max_queue = 2});
   Outcome o[3];
   s.submit(greedy(prompt(0), 2), collect(o[0]));
   s.submit(greedy(prompt(1), 2), collect(o[1]));
-  EXPECT_THROW(s.submit(greedy(prompt(2), 2), collect(o[2])), QueueFull);
-  ASSERT_TRUE(s.step());  // one admitted (one slot): room for one more
+  EXPECT_EQ(s.stats().queued, 2);
+  ASSERT_TRUE(s.step());  // one admitted (the slot is taken): room for one more in the queue
   EXPECT_EQ(s.stats().queued, 1);
   s.submit(greedy(prompt(2), 2), collect(o[2]));
   EXPECT_THROW(s.submit(greedy(prompt(3), 2), nullptr), QueueFull);
@@ -532,6 +534,25 @@ TEST_F(SchedulerTest, QueueFullAndShuttingDown) {
   EXPECT_GE(o[1].last.queue_seconds, o[0].last.prompt_seconds + o[0].last.generate_seconds);
   EXPECT_GE(o[2].last.queue_seconds, o[1].last.prompt_seconds + o[1].last.generate_seconds);
   EXPECT_EQ(s.stats().submitted, 3u);
+}
+
+// A burst at an idle scheduler: max_queue counts the sequences waiting beyond the free slots, so
+// slots + max_queue are taken before the first step admits any (none refused while a slot is
+// free), and the next one is refused.
+TEST_F(SchedulerTest, ABurstFillsTheFreeSlotsAndTheQueue) {
+  auto e = load({}, 4);
+  Scheduler s(*e, *tokenizer_, {.max_queue = 3});
+  std::vector<Outcome> o(7);
+  for (int i = 0; i < 7; ++i) s.submit(greedy(prompt(i % 4), 2), collect(o[i]));
+  EXPECT_THROW(s.submit(greedy(prompt(0), 2), nullptr), QueueFull);
+  ASSERT_TRUE(s.step());
+  EXPECT_EQ(s.stats().running, 4);
+  EXPECT_EQ(s.stats().queued, 3);
+  EXPECT_THROW(s.submit(greedy(prompt(0), 2), nullptr), QueueFull);
+  while (s.step()) {
+  }
+  for (const auto& x : o) EXPECT_EQ(x.dones, 1);
+  EXPECT_EQ(s.stats().finished, 7u);
 }
 
 TEST_F(SchedulerTest, ShutdownDrainFinishesEverything) {

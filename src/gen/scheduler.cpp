@@ -461,7 +461,10 @@ uint64_t Scheduler::submit(SequenceParams params, Sink sink) {
   auto seq = impl_->make_sequence(std::move(params), std::move(sink));
   std::lock_guard lock(impl_->mutex);
   if (impl_->shutting_down) throw ShuttingDown("the scheduler is shutting down");
-  if (static_cast<int>(impl_->queue.size()) >= impl_->options.max_queue) {
+  // max_queue sequences may wait beyond the free slots (queued ones take free slots only at the
+  // next step: a burst at an idle server must not be refused while slots are free).
+  const int free_slots = std::max(0, static_cast<int>(impl_->slots.size()) - impl_->stats.running);
+  if (static_cast<int>(impl_->queue.size()) >= impl_->options.max_queue + free_slots) {
     throw QueueFull(fmt::format("the queue is full ({} sequences waiting)", impl_->queue.size()));
   }
   seq->id = impl_->next_id++;
