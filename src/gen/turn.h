@@ -16,15 +16,15 @@
 namespace qwenrt::gen {
 
 struct ChatTurn {
-  chat::Json messages;        // OpenAI-style messages (chat/render.h), non-empty
-  chat::Json tools = nullptr; // null or an array of tool definitions
-  chat::RenderOptions render; // enable_thinking, preserve_thinking, reasoning_effort
+  chat::Json messages;         // OpenAI-style messages (chat/render.h), non-empty
+  chat::Json tools = nullptr;  // null or an array of tool definitions
+  chat::RenderOptions render;  // enable_thinking, preserve_thinking, reasoning_effort
 };
 
 struct PreparedTurn {
-  std::string rendered;          // the prompt text (for count_tokens and debugging)
-  std::vector<int32_t> prompt;   // its tokens
-  bool thinking = false;         // the prompt ends inside an open think block
+  std::string rendered;         // the prompt text (for count_tokens and debugging)
+  std::vector<int32_t> prompt;  // its tokens
+  bool thinking = false;        // the prompt ends inside an open think block
   chat::ReplyParserOptions parse;
 };
 

@@ -138,6 +138,17 @@ std::string index_path(const std::string& path, size_t i) {
   return path + "[" + std::to_string(i) + "]";
 }
 
+const Json& required(const Json& object, const std::string& key, const std::string& path) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) bad_field(field_path(path, key), "required");
+  return *it;
+}
+
+std::string required_string(const Json& object, const std::string& key, const std::string& path) {
+  required(object, key, path);
+  return *opt_string(object, key, path);
+}
+
 void require_object(const Json& value, const std::string& path) {
   if (!value.is_object()) bad_field(path, "expected an object, got {}", json_type_name(value));
 }

@@ -70,6 +70,10 @@ std::optional<int64_t> opt_integer(const Json& object, const std::string& key, i
                                    int64_t hi, const std::string& path = {});
 // "a" or "a.b" or "a[1]".
 std::string field_path(const std::string& path, const std::string& key);
+// A field that must be present and not null (400 "required" naming it otherwise), and the same
+// for a string field.
+const Json& required(const Json& object, const std::string& key, const std::string& path);
+std::string required_string(const Json& object, const std::string& key, const std::string& path);
 
 // stop: a string or an array of non-empty strings (at most `max`).
 std::vector<std::string> read_stop(const Json& value, const std::string& param, size_t max = 16);

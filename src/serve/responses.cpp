@@ -12,17 +12,6 @@ namespace {
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
-const Json& required(const Json& object, const std::string& key, const std::string& path) {
-  const auto it = object.find(key);
-  if (it == object.end() || it->is_null()) bad_field(field_path(path, key), "required");
-  return *it;
-}
-
-std::string required_string(const Json& object, const std::string& key, const std::string& path) {
-  required(object, key, path);
-  return *opt_string(object, key, path);
-}
-
 // A string, or an array of parts of the given text types ({"type", "text"}), joined.
 std::string read_text(const Json& value, const std::string& path,
                       std::initializer_list<const char*> types) {
