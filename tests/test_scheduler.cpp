@@ -581,7 +581,7 @@ TEST_F(SchedulerTest, ShutdownWithoutDrainCancels) {
   std::condition_variable cv;
   bool started = false;
   for (int i = 0; i < 5; ++i) {
-    s.submit(greedy(prompt(i), 400), [&, i, inner = collect(o[i])](SequenceUpdate&& u) mutable {
+    s.submit(greedy(prompt(i), 400), [&, inner = collect(o[i])](SequenceUpdate&& u) mutable {
       inner(std::move(u));
       std::lock_guard lock(m);
       started = true;
@@ -975,7 +975,7 @@ TEST_F(SchedulerTest, ConcurrentSubmittersWhileRunning) {
         // The last thread cancels every other sequence of its own as soon as it is in.
         const bool cancel = t == kThreads - 1 && k % 2 == 1;
         const uint64_t id = s.submit(greedy(prompt(i), cancel ? 300 : 4 + i % 3),
-                                     [&, i, inner = collect(out[i])](SequenceUpdate&& u) mutable {
+                                     [&, inner = collect(out[i])](SequenceUpdate&& u) mutable {
                                        std::lock_guard lock(m);
                                        const bool last = u.done;
                                        inner(std::move(u));
