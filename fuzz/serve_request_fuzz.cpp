@@ -163,7 +163,8 @@ void replay_anthropic(std::string_view text, size_t chunk) {
       inputs.back() += event["delta"]["partial_json"].get<std::string>();
   }
   std::vector<std::string> expected;
-  for (const auto& block : whole.response()["content"])
+  const Json response = whole.response();  // a named copy: the loop must not outlive it
+  for (const auto& block : response["content"])
     if (block["type"] == "tool_use") expected.push_back(qwenrt::serve::dump_json(block["input"]));
   if (inputs != expected) std::abort();
 }
