@@ -144,7 +144,7 @@ bool gemm_rows(const Matrix& w, int64_t n) {
 }
 
 int64_t gemm_act_bytes(int64_t n, int64_t in) {
-  return align256(n * in * 4);  // bf16 or fp32 x
+  return align256(n * in * 2);  // x rounded to bf16 (float weights read the fp32 x in place)
 }
 
 int64_t gemm_workspace_bytes(const Matrix& w, int64_t n) {
