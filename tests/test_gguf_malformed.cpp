@@ -19,6 +19,7 @@
 
 #include "gguf/json.h"
 #include "gguf/reader.h"
+#include "support/model_files.h"
 
 namespace qwenrt::gguf {
 namespace {
@@ -258,8 +259,7 @@ struct CommandResult {
 };
 
 CommandResult run_info(const std::string& path) {
-  // Per-process names: ctest runs test processes in parallel.
-  const std::string stem = testing::TempDir() + "qwenrt_info_" + std::to_string(::getpid());
+  const std::string stem = testing_support::temp_path("qwenrt_info");
   const std::string out_path = stem + ".stdout";
   const std::string err_path = stem + ".stderr";
   const std::string command = std::string("'") + QWENRT_BINARY + "' info '" + path + "' >'" +

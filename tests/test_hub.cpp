@@ -549,7 +549,7 @@ TEST_F(HubTest, QuantPicksTheFileAndSidecarsResolveTheSameWay) {
 }
 
 TEST_F(HubTest, UsesWhatLlamaCppDownloadedWhenItMatchesTheHub) {
-  const std::string llama = testing_support::temp_path("llama-cache-" + std::to_string(getpid()));
+  const std::string llama = testing_support::temp_path("llama-cache");
   fs::create_directories(llama);
   const std::string flat = llama + "/ggml-org_Qwen3.6-27B-GGUF_Qwen3.6-27B-Q8_0.gguf";
   fs::copy_file(kTinyModel, flat, fs::copy_options::overwrite_existing);

@@ -45,6 +45,7 @@ class FakeHub {
     static int instances = 0;
     dir_ = temp_path("fakehub." + std::to_string(instances++));
     std::filesystem::create_directories(dir_);
+    std::filesystem::remove(dir_ + "/ports");  // only the server this starts writes it
     set_config(config);
     const std::string script = std::string(QWENRT_SOURCE_DIR) + "/tests/python/fake_hub.py";
     const std::string python = test_python();

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,13 +22,29 @@
 
 namespace qwenrt::testing_support {
 
-// A path in this process's own temporary folder: ctest runs tests as parallel processes, so two
-// tests writing the same file name must not meet.
-inline std::string temp_path(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/qwenrt-test-" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  return dir + "/" + name;
+// This process's own temporary folder: ctest runs tests as parallel processes, so two tests
+// writing the same file name must not meet. It is made new (mkdtemp), never a folder a process
+// with the same id left behind, and removed when the process ends.
+inline const std::string& temp_dir() {
+  struct Dir {
+    std::string path;
+    Dir() {
+      std::string pattern = ::testing::TempDir() + "/qwenrt-test-XXXXXX";
+      if (mkdtemp(pattern.data()) == nullptr)
+        throw std::runtime_error("cannot make a temporary folder from " + pattern);
+      path = pattern;
+    }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
 }
+
+// A path in temp_dir().
+inline std::string temp_path(const std::string& name) { return temp_dir() + "/" + name; }
 
 inline std::string write_tiny(model::Arch arch, const std::string& name,
                               std::function<void(model::SynthSpec&)> edit = nullptr) {
