@@ -2,7 +2,7 @@
 # On the GPU machine (through the device tool), from the repository root: the CUDA tests, the
 # kernel micro-benchmarks and a profile of batch-1 decode on a full-size synthetic file, with the
 # binaries built here (build-cuda/) and the shared libraries the GPU image lacks (.carry/lib).
-#   bash tools/cuda/device_check.sh [tests] [micro] [profile] [prefill] [all-tests]
+#   bash tools/cuda/device_check.sh [tests] [micro] [profile] [prefill] [memory] [profile4k] [gemm] [all-tests]
 # prefill: prompt processing (512 and 4,096 tokens) of the 35B-A3B and 27B Q4_K_M files, timed and
 # then per op class (QWENRT_CUDA_PROFILE=1).
 # Results go to $OUT (the device tool brings them back).
@@ -48,7 +48,13 @@ for what in "$@"; do
         timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 4096 -n 16 -b 0 -r 2 2>&1 | tee "$out/mem-bench-$m.txt"
         kill $sampler
         echo "$m peak GPU MiB: $(sort -n "$out/mem-$m.txt" | tail -1)" | tee -a "$out/mem-summary.txt"
-        rm -f $f
+      done ;;
+    profile4k)
+      # Time per op class of a 4,096-token prefill (QWENRT_CUDA_PROFILE=1: graphs off, events).
+      for m in 35B-A3B 27B; do
+        f=/tmp/synth-$m.gguf
+        [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-$m --quant Q4_K_M --out $f > /dev/null
+        QWENRT_CUDA_PROFILE=1 timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 4096 -n 1 -b 0 -r 1 2>&1 | tee "$out/prefill4k-profile-$m.txt"
       done ;;
     gemm)
       QWENRT_BENCH_TYPES=Q4_K,Q5_K,Q6_K,IQ4_XS,Q8_0sb timeout 200 build-cuda/cuda_gemv_bench 5 32,128,512 2>&1 | tee "$out/gemm-bench.txt"

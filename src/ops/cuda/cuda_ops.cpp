@@ -73,6 +73,24 @@ class DeviceArena {
   void rewind() {
     if (!blocks_.empty()) blocks_.back().used = 0;
   }
+  // A point in the arena, and giving back what was taken after it (a layer's temporaries). Ops
+  // are stream-ordered, so the next take may reuse the memory at once. A block added after the
+  // mark is emptied whole; the blocks between stay taken until the next reset merges them.
+  int64_t mark() const {
+    const int64_t used = blocks_.empty() ? 0 : blocks_.back().used;
+    return (static_cast<int64_t>(blocks_.size()) << kMarkShift) | used;
+  }
+  void release(int64_t mark) {
+    if (blocks_.empty()) return;
+    const auto n_blocks = static_cast<size_t>(mark >> kMarkShift);
+    const int64_t used = mark & ((int64_t{1} << kMarkShift) - 1);
+    Block& last = blocks_.back();
+    if (n_blocks == blocks_.size()) {
+      if (used <= last.used) last.used = used;
+    } else {
+      last.used = 0;
+    }
+  }
   // Callers synchronise first when blocks may be freed (a merge).
   bool needs_merge() const { return blocks_.size() > 1; }
   void reset() {
@@ -93,6 +111,7 @@ class DeviceArena {
   uint64_t generation() const { return generation_; }
 
  private:
+  static constexpr int kMarkShift = 44;  // a mark: block count above, bytes used in the last below
   struct Block {
     uint8_t* data;
     int64_t size;
@@ -208,6 +227,8 @@ class CudaOps final : public Ops {
   float* alloc(int64_t n_floats) override {
     return static_cast<float*>(arena_.take(n_floats * int64_t{sizeof(float)}));
   }
+  int64_t workspace_mark() override { return arena_.mark(); }
+  void workspace_release(int64_t mark) override { arena_.release(mark); }
   void reset_workspace() override {
     if (arena_.needs_merge() || scratch_.needs_merge() || side_scratch_.needs_merge()) {
       // Merging frees blocks: never inside a capture (none has begun its ops yet when the engine
