@@ -249,13 +249,13 @@ struct Replayed {
 };
 
 Replayed replay(const std::string& text, size_t chunk, gen::FinishReason finish,
-                std::vector<std::string> stop = {}) {
+                std::vector<std::string> stop = {}, const Json& tools = Json::parse(kTools)) {
   const anthropic::ReplyFormat format{.id = "msg_x", .model = "tiny", .n_prompt = 7, .stop = stop};
   // Token i spells the i-th chunk.
   std::vector<std::string> pieces;
   auto token_text = [&pieces](int32_t id) { return pieces.at(id); };
   anthropic::MessageReply streamed(format, token_text), whole(format, token_text);
-  chat::ReplyParser parser({.starts_in_reasoning = true, .tools = Json::parse(kTools)});
+  chat::ReplyParser parser({.starts_in_reasoning = true, .tools = tools});
   std::string sse;
   for (size_t i = 0; i < text.size(); i += chunk) {
     gen::SequenceUpdate u;
@@ -335,12 +335,46 @@ TEST(ServeAnthropic, StreamedEventsConcatenateToTheWholeMessage) {
   }
 }
 
-TEST(ServeAnthropic, JsonFragments) {
-  const Json input = Json::parse(R"({"a": 1, "b": {"c": [1, "x"]}, "d": "é"})");
-  std::string joined;
-  for (const auto& f : anthropic::json_fragments(input)) joined += f;
-  EXPECT_EQ(joined, dump_json(input));
-  EXPECT_EQ(anthropic::json_fragments(Json::object()), std::vector<std::string>{"{}"});
+// A call's input streams as input_json_delta fragments while it is generated (not whole at its
+// end): a string value in pieces, a typed value once it has ended.
+TEST(ServeAnthropic, ToolInputStreamsAsJsonFragments) {
+  const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+      "days": {"type": "integer"}}}}}])");
+  const std::string text =
+      "</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew \"York\"\n"
+      "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+  for (size_t chunk : {1, 2, 5, 16}) {
+    const auto [events, whole] = replay(text, chunk, gen::FinishReason::kStopToken, {}, tools);
+    ASSERT_EQ(whole["content"].size(), 1u) << whole.dump();
+    const Json& input = whole["content"][0]["input"];
+    EXPECT_EQ(input, Json::parse(R"({"city": "New \"York\"", "days": 3})"));
+    std::vector<std::string> fragments;
+    bool started = false, stopped = false;
+    for (const auto& e : events) {
+      if (e.name == "content_block_start") {
+        EXPECT_EQ(e.data["content_block"]["type"], "tool_use");
+        EXPECT_EQ(e.data["content_block"]["name"], "get_weather");
+        EXPECT_EQ(e.data["content_block"]["input"], Json::object());
+        started = true;
+      } else if (e.name == "content_block_delta") {
+        EXPECT_TRUE(started && !stopped);
+        EXPECT_EQ(e.data["delta"]["type"], "input_json_delta");
+        fragments.push_back(e.data["delta"]["partial_json"]);
+      } else if (e.name == "content_block_stop") {
+        stopped = true;
+      }
+    }
+    EXPECT_TRUE(stopped);
+    std::string joined;
+    for (const auto& f : fragments) joined += f;
+    EXPECT_EQ(joined, dump_json(input)) << chunk;
+    EXPECT_EQ(Json::parse(joined), input);
+    EXPECT_GE(fragments.size(), chunk <= 5 ? 4u : 2u) << chunk;
+    // The first fragment opens the object and names the first parameter, long before the end.
+    EXPECT_EQ(fragments.front().rfind("{\"city\":", 0), 0u) << fragments.front();
+    EXPECT_LT(fragments.front().size(), joined.size() / 2) << chunk;
+  }
 }
 
 TEST(ServeAnthropic, StopReasons) {

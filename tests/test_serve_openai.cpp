@@ -450,6 +450,7 @@ TEST(ServeOpenai, StreamedToolCallsConcatenateToTheWholeReply) {
     EXPECT_EQ(payloads.back(), "[DONE]");
     std::string reasoning, content, finish;
     std::vector<std::string> args(2), names(2), ids(2);
+    std::vector<int> fragments(2);
     for (size_t i = 0; i + 1 < payloads.size(); ++i) {
       const Json c = Json::parse(payloads[i]);
       EXPECT_EQ(c["object"], "chat.completion.chunk");
@@ -466,8 +467,14 @@ TEST(ServeOpenai, StreamedToolCallsConcatenateToTheWholeReply) {
             EXPECT_TRUE(ids[k].empty()) << "id sent twice";
             ids[k] = tc["id"];
             names[k] = tc["function"]["name"];
+            EXPECT_EQ(tc["type"], "function");
+            EXPECT_EQ(tc["function"]["arguments"], "");  // fragments follow
+            continue;
           }
+          EXPECT_FALSE(ids[k].empty()) << "arguments before the call's id and name";
+          EXPECT_FALSE(tc["function"].contains("name")) << "name sent twice";
           args[k] += tc["function"]["arguments"].get<std::string>();
+          ++fragments[k];
         }
       }
       if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
@@ -476,6 +483,11 @@ TEST(ServeOpenai, StreamedToolCallsConcatenateToTheWholeReply) {
     EXPECT_EQ(content, "Let me check.") << chunk;
     EXPECT_EQ(names, (std::vector<std::string>{"get_weather", "get_time"}));
     EXPECT_EQ(args[0], whole_args) << chunk;  // byte for byte
+    EXPECT_EQ(Json::parse(args[0]), Json::parse(whole_args));
+    // The arguments stream as the parser reads them: {"city":"Paris (in pieces as small as the
+    // updates), ,"days":3 once the value has ended, } at the end.
+    EXPECT_GE(fragments[0], chunk <= 7 ? 4 : 2) << chunk;
+    EXPECT_GE(fragments[1], 2) << chunk;
     EXPECT_EQ(args[1], message["tool_calls"][1]["function"]["arguments"].get<std::string>());
     EXPECT_EQ(ids[0].rfind("call_", 0), 0u);
     EXPECT_EQ(finish, "tool_calls");
@@ -501,6 +513,34 @@ TEST(ServeOpenai, CutOffCallIsLengthNotDropped) {
   EXPECT_EQ(sse.find("<parameter"), std::string::npos);
   EXPECT_NE(sse.find("\"finish_reason\":\"length\""), std::string::npos);
   EXPECT_NE(sse.find("get_weather"), std::string::npos);
+}
+
+// A call cut off inside its name has no kToolCallBegin: its header (the name read so far) goes
+// out at its end, before its "{}".
+TEST(ServeOpenai, CallCutOffInsideItsNameStillHasAHeader) {
+  const std::string text = "<tool_call>\n<function=get_wea";
+  openai::ReplyFormat format{.id = "chatcmpl-3", .model = "tiny"};
+  openai::ChatReply whole(format, fake_tokens());
+  for (const auto& u : updates_for(text, 4, gen::FinishReason::kLength, false)) whole.collect(0, u);
+  const Json r = whole.response();
+  ASSERT_EQ(r["choices"][0]["message"]["tool_calls"].size(), 1u) << r.dump();
+  const Json& call = r["choices"][0]["message"]["tool_calls"][0]["function"];
+
+  openai::ChatReply streamed(format, fake_tokens());
+  std::string sse;
+  for (const auto& u : updates_for(text, 4, gen::FinishReason::kLength, false))
+    sse += streamed.stream(0, u);
+  std::vector<Json> deltas;
+  for (const auto& p : sse_payloads(sse)) {
+    const Json c = Json::parse(p);
+    if (c["choices"][0]["delta"].contains("tool_calls"))
+      deltas.push_back(c["choices"][0]["delta"]["tool_calls"][0]);
+  }
+  ASSERT_EQ(deltas.size(), 2u) << sse;
+  EXPECT_EQ(deltas[0]["function"]["name"], call["name"]);
+  EXPECT_TRUE(deltas[0].contains("id"));
+  EXPECT_EQ(deltas[1]["function"]["arguments"], call["arguments"]);
+  EXPECT_EQ(call["arguments"], "{}");
 }
 
 TEST(ServeOpenai, SeveralChoicesUsageAndLogprobs) {

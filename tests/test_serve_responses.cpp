@@ -139,12 +139,13 @@ struct Replayed {
   Json whole;
 };
 
-Replayed replay(const std::string& text, size_t chunk, gen::FinishReason finish) {
+Replayed replay(const std::string& text, size_t chunk, gen::FinishReason finish,
+                const Json& tools = Json::parse(kTools)) {
   responses::ReplyFormat format{
       .id = "resp_x", .created = 1, .model = "tiny", .n_prompt = 9, .thinking = true};
   auto token_text = [](int32_t) { return std::string("t"); };
   responses::ResponseReply streamed(format, token_text), whole(format, token_text);
-  chat::ReplyParser parser({.starts_in_reasoning = true, .tools = Json::parse(kTools)});
+  chat::ReplyParser parser({.starts_in_reasoning = true, .tools = tools});
   std::string sse;
   int64_t n = 0;
   for (size_t i = 0; i < text.size(); i += chunk, ++n) {
@@ -244,6 +245,37 @@ TEST(ServeResponses, StreamedEventsConcatenateToTheWholeResponse) {
     ASSERT_EQ(completed.size(), 3u);
     EXPECT_EQ(completed[2]["arguments"], arguments);
     EXPECT_EQ(completed[1]["content"][0]["text"], content);
+  }
+}
+
+// A call's arguments stream as response.function_call_arguments.delta events while it is
+// generated; they concatenate to the .done event's and the whole response's arguments.
+TEST(ServeResponses, ArgumentsStreamAsFragments) {
+  const Json tools = Json::parse(R"([{"type": "function", "name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+      "days": {"type": "integer"}}}}])");
+  const std::string text =
+      "</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n"
+      "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+  for (size_t chunk : {1, 3, 16}) {
+    const auto [events, whole] = replay(text, chunk, gen::FinishReason::kStopToken, tools);
+    ASSERT_EQ(whole["output"].size(), 1u) << whole.dump();
+    const std::string whole_args = whole["output"][0]["arguments"];
+    EXPECT_EQ(Json::parse(whole_args), Json::parse(R"({"city": "São Paulo", "days": 3})"));
+    std::string arguments, done;
+    size_t fragments = 0;
+    for (const auto& e : events) {
+      if (e["type"] == "response.function_call_arguments.delta") {
+        EXPECT_TRUE(done.empty()) << "a delta after .done";
+        arguments += e["delta"].get<std::string>();
+        ++fragments;
+      } else if (e["type"] == "response.function_call_arguments.done") {
+        done = e["arguments"];
+      }
+    }
+    EXPECT_EQ(arguments, whole_args) << chunk;
+    EXPECT_EQ(done, whole_args) << chunk;
+    EXPECT_GE(fragments, chunk <= 3 ? 4u : 2u) << chunk;
   }
 }
 

@@ -259,18 +259,6 @@ std::string stop_reason(gen::FinishReason reason, bool made_tool_calls) {
   return "end_turn";
 }
 
-std::vector<std::string> json_fragments(const Json& input) {
-  if (!input.is_object() || input.empty()) return {dump_json(input)};
-  std::vector<std::string> out = {"{"};
-  bool first = true;
-  for (const auto& [key, value] : input.items()) {
-    out.push_back((first ? "" : ",") + dump_json(Json(key)) + ":" + dump_json(value));
-    first = false;
-  }
-  out.push_back("}");
-  return out;
-}
-
 MessageReply::MessageReply(ReplyFormat format, openai::TokenText token_text)
     : format_(std::move(format)), token_text_(std::move(token_text)) {
   usage_.prompt = format_.n_prompt;
@@ -351,15 +339,7 @@ std::string MessageReply::stream(int, const gen::SequenceUpdate& u) {
     out += event("content_block_delta",
                  {{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(d)}});
   };
-  auto open_tool = [&](const gen::SequenceUpdate&, const chat::ReplyEvent& e) {
-    out += close_block();
-    tool_index_ = e.tool_index;
-    out += open_block(Block::kToolUse, {{"type", "tool_use"},
-                                        {"id", random_id("toolu_")},
-                                        {"name", e.call.name},
-                                        {"input", Json::object()}});
-  };
-  for (const auto& e : u.events) {
+  for (const auto& e : events_.next(u.events)) {
     using K = chat::ReplyEvent::Kind;
     switch (e.kind) {
       case K::kReasoning:
@@ -378,15 +358,17 @@ std::string MessageReply::stream(int, const gen::SequenceUpdate& u) {
         delta({{"type", "text_delta"}, {"text", e.text}});
         break;
       case K::kToolCallBegin:
-        open_tool(u, e);
+        out += close_block();
+        out += open_block(Block::kToolUse, {{"type", "tool_use"},
+                                            {"id", random_id("toolu_")},
+                                            {"name", e.call.name},
+                                            {"input", Json::object()}});
+        break;
+      case K::kToolCallArgs:
+        delta({{"type", "input_json_delta"}, {"partial_json", e.text}});
         break;
       case K::kToolCall:
-        if (block_ != Block::kToolUse || tool_index_ != e.tool_index) open_tool(u, e);
-        for (auto& f : json_fragments(e.call.arguments))
-          delta({{"type", "input_json_delta"}, {"partial_json", std::move(f)}});
         out += close_block();
-        break;
-      case K::kToolCallArgs:  // the arguments go out whole with kToolCall
         break;
     }
   }

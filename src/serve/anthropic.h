@@ -12,6 +12,7 @@
 #include "gen/scheduler.h"
 #include "serve/fields.h"
 #include "serve/openai.h"
+#include "serve/stream_events.h"
 
 namespace qwenrt::serve::anthropic {
 
@@ -67,7 +68,7 @@ class MessageReply {
   bool started_ = false, done_ = false, failed_ = false;
   Block block_ = Block::kNone;
   int index_ = -1;               // the open block's index
-  size_t tool_index_ = 0;        // the open tool_use block's call
+  StreamEvents events_;          // the parser events regrouped for stream()
   std::vector<int32_t> tokens_;  // every generated token (to tell which stop sequence matched)
   gen::SequenceUpdate last_;     // the done update
   std::optional<std::string> stop_reason_;
@@ -75,9 +76,5 @@ class MessageReply {
   openai::Usage usage_;
   std::string error_;
 };
-
-// A tool_use input's JSON as input_json_delta fragments ("{", "\"k\":v", ",\"k2\":v2", "}"); they
-// concatenate to dump_json(input).
-std::vector<std::string> json_fragments(const Json& input);
 
 }  // namespace qwenrt::serve::anthropic

@@ -559,50 +559,38 @@ std::string ChatReply::stream(int choice, const gen::SequenceUpdate& u) {
     c.role_sent = true;
     emit({{"role", "assistant"}, {"content", ""}});
   }
-  // Consecutive text of one kind goes out as one delta.
-  std::string pending_text;
-  const char* pending_key = nullptr;
-  auto flush = [&] {
-    if (pending_key && !pending_text.empty()) emit({{pending_key, pending_text}});
-    pending_text.clear();
-    pending_key = nullptr;
-  };
-  bool made_calls = false;
-  for (const auto& e : u.events) {
+  for (const auto& e : c.events.next(u.events)) {
     using K = chat::ReplyEvent::Kind;
-    if (e.kind == K::kReasoning || e.kind == K::kContent) {
-      const char* key = e.kind == K::kReasoning ? "reasoning_content" : "content";
-      if (pending_key != key) flush();
-      pending_key = key;
-      pending_text += e.text;
-      continue;
-    }
-    flush();
-    if (e.kind == K::kToolCallArgs) continue;  // the arguments go out whole with kToolCall
-    if (!format_.parallel_tool_calls && e.tool_index > 0) continue;
-    const size_t index = e.tool_index;
-    const bool begun = index < c.call_ids.size();
-    if (e.kind == K::kToolCallBegin || !begun) {
-      // The call's id and name, once; arguments follow as fragments.
-      const std::string id = call_id(c, index);
-      emit({{"tool_calls",
-             Json::array({{{"index", index},
-                           {"id", id},
-                           {"type", "function"},
-                           {"function", {{"name", e.call.name}, {"arguments", ""}}}}})}});
-    }
-    if (e.kind == K::kToolCall) {
-      emit({{"tool_calls",
-             Json::array({{{"index", index},
-                           {"function", {{"arguments", dump_json(e.call.arguments)}}}}})}});
+    switch (e.kind) {
+      case K::kReasoning:
+        emit({{"reasoning_content", e.text}});
+        break;
+      case K::kContent:
+        emit({{"content", e.text}});
+        break;
+      case K::kToolCallBegin:
+        // The call's id and name, once; its arguments follow as fragments.
+        if (format_.parallel_tool_calls || e.tool_index == 0)
+          emit({{"tool_calls",
+                 Json::array({{{"index", e.tool_index},
+                               {"id", call_id(c, e.tool_index)},
+                               {"type", "function"},
+                               {"function", {{"name", e.call.name}, {"arguments", ""}}}}})}});
+        break;
+      case K::kToolCallArgs:
+        if (format_.parallel_tool_calls || e.tool_index == 0)
+          emit({{"tool_calls",
+                 Json::array({{{"index", e.tool_index}, {"function", {{"arguments", e.text}}}}})}});
+        break;
+      case K::kToolCall:  // its header and arguments have gone out
+        break;
     }
   }
-  flush();
   if (!u.logprobs.empty()) emit(Json::object(), {{"content", logprob_items(u.logprobs)}});
   count(u);
   if (u.done) {
     c.done = true;
-    made_calls = !u.reply.tool_calls.empty() || !c.call_ids.empty();
+    const bool made_calls = !u.reply.tool_calls.empty() || !c.call_ids.empty();
     c.finish = finish_reason(u.finish, made_calls);
     if (u.finish == gen::FinishReason::kError) {
       out += sse_event(dump_json(error_json(500, error_.empty() ? u.error : error_)));

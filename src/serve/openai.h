@@ -12,6 +12,7 @@
 #include "gen/scheduler.h"
 #include "gen/turn.h"
 #include "serve/fields.h"
+#include "serve/stream_events.h"
 
 namespace qwenrt::serve::openai {
 
@@ -108,6 +109,7 @@ class ChatReply {
     bool role_sent = false;
     bool done = false;
     std::vector<std::string> call_ids;  // per tool_index
+    StreamEvents events;                // stream(): the parser events regrouped
     std::optional<std::string> finish;
     gen::SequenceUpdate last;  // collect(): the done update (reply, counts)
     Json logprobs = Json::array();

@@ -3,7 +3,6 @@
 #include <limits>
 #include <set>
 
-#include "serve/anthropic.h"
 #include "serve/http.h"
 
 namespace qwenrt::serve::responses {
@@ -347,7 +346,6 @@ std::string ResponseReply::open_item(Item kind, const chat::ReplyEvent* call) {
       part = {{"type", "output_text"}, {"text", ""}, {"annotations", Json::array()}};
       break;
     case Item::kCall:
-      tool_index_ = call->tool_index;
       open_ = {
           {"id", random_id("fc_")},  {"type", "function_call"}, {"call_id", random_id("call_")},
           {"name", call->call.name}, {"arguments", ""},         {"status", "in_progress"}};
@@ -413,8 +411,10 @@ std::string ResponseReply::stream(int, const gen::SequenceUpdate& u) {
     if (item_ == Item::kMessage) d["logprobs"] = Json::array();
     out += emit(type, std::move(d));
   };
-  for (const auto& e : u.events) {
+  for (const auto& e : events_.next(u.events)) {
     using K = chat::ReplyEvent::Kind;
+    // Only the first call is written when parallel calls are off (as in response()).
+    const bool dropped = e.tool_index > 0 && !format_.parallel_tool_calls;
     switch (e.kind) {
       case K::kReasoning:
         if (item_ != Item::kReasoning) out += open_item(Item::kReasoning, nullptr);
@@ -425,18 +425,17 @@ std::string ResponseReply::stream(int, const gen::SequenceUpdate& u) {
         text_delta("response.output_text.delta", e.text);
         break;
       case K::kToolCallBegin:
-        out += open_item(Item::kCall, &e);
+        if (!dropped) out += open_item(Item::kCall, &e);
+        break;
+      case K::kToolCallArgs:
+        if (dropped) break;
+        open_["arguments"] = open_["arguments"].get<std::string>() + e.text;
+        out +=
+            emit("response.function_call_arguments.delta",
+                 {{"item_id", open_["id"]}, {"output_index", streamed_.size()}, {"delta", e.text}});
         break;
       case K::kToolCall:
-        if (item_ != Item::kCall || tool_index_ != e.tool_index) out += open_item(Item::kCall, &e);
-        for (auto& f : anthropic::json_fragments(e.call.arguments)) {
-          open_["arguments"] = open_["arguments"].get<std::string>() + f;
-          out += emit("response.function_call_arguments.delta",
-                      {{"item_id", open_["id"]}, {"output_index", streamed_.size()}, {"delta", f}});
-        }
-        out += close_item();
-        break;
-      case K::kToolCallArgs:  // the arguments go out whole with kToolCall
+        if (!dropped) out += close_item();
         break;
     }
   }

@@ -12,6 +12,7 @@
 #include "gen/scheduler.h"
 #include "serve/fields.h"
 #include "serve/openai.h"
+#include "serve/stream_events.h"
 
 namespace qwenrt::serve::responses {
 
@@ -69,7 +70,7 @@ class ResponseReply {
   int64_t sequence_ = 0;
   Item item_ = Item::kNone;
   Json open_ = nullptr;            // the open item (its text / arguments so far)
-  size_t tool_index_ = 0;          // the open call's
+  StreamEvents events_;            // the parser events regrouped for stream()
   Json streamed_ = Json::array();  // output items closed so far
   bool in_reasoning_ = false;
   int64_t reasoning_tokens_ = 0;

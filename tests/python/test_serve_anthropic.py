@@ -4,7 +4,8 @@ tiny chat model (cpu backend), driven with the official `anthropic` SDK (tools/r
 pins it) and raw HTTP where the SDK cannot go:
   text with thinking off (the default) and on (budget_tokens), streamed == not streamed (greedy,
   through the SDK's stream accumulator), a tool round trip (tool_use -> tool_result -> answer) and
-  tool_choice any, streamed tool input == whole input, count_tokens == usage.input_tokens of the
+  tool_choice any, streamed tool input == whole input (a three-parameter call in several
+  input_json_delta fragments, accumulated by the SDK, == the OpenAI route's arguments), count_tokens == usage.input_tokens of the
   same request == `qwenrt template` + `qwenrt tokenize`, stop_sequences -> stop_sequence,
   max_tokens -> max_tokens, errors in Anthropic's shape (400 naming the field, 404, 401 with
   --api-key, x-api-key accepted) and the server still serving after each.
@@ -29,6 +30,12 @@ GET_TIME = {"name": "get_time", "description": "Get the local time in a city.",
 GET_TIME_OPENAI = {"type": "function", "function": {
     "name": "get_time", "description": "Get the local time in a city.",
     "parameters": GET_TIME["input_schema"]}}
+CONVERT = {"name": "convert_currency",
+           "description": "Convert an amount of money between currencies.",
+           "input_schema": {"type": "object", "properties": {
+               "amount": {"type": "number"}, "from_currency": {"type": "string"},
+               "to_currency": {"type": "string"}},
+               "required": ["amount", "from_currency", "to_currency"]}}
 Q = [{"role": "user", "content": "What is 12 + 7?"}]
 # Greedy: this SDK version has no temperature argument; the body field is still Anthropic's.
 T0 = {"temperature": 0}
@@ -124,6 +131,32 @@ def tool_checks(client, server, qwenrt):
     su = [b for b in s.content if b.type == "tool_use"]
     check("tools stream: input == not streamed", len(su) == 1 and su[0].input == use.input and
           s.stop_reason == "tool_use", s.content)
+    # Three parameters: the input streams as input_json_delta fragments (several, not one at the
+    # end); the SDK's accumulator gives the input of the non-streamed reply, whose JSON is the
+    # OpenAI route's arguments string for the same greedy request.
+    ask = [{"role": "user", "content": "Convert 250 USD to EUR."}]
+    kw = dict(model="tiny", max_tokens=128, messages=ask, tools=[CONVERT], extra_body=T0)
+    wc = [b for b in client.messages.create(**kw).content if b.type == "tool_use"]
+    check("tools (3 parameters): tool_use", len(wc) == 1 and wc[0].input == {
+        "amount": 250, "from_currency": "USD", "to_currency": "EUR"}, wc)
+    with client.messages.stream(**kw) as stream:
+        partial = [e.delta.partial_json for e in stream if e.type == "content_block_delta" and
+                   e.delta.type == "input_json_delta"]
+        fs = [b for b in stream.get_final_message().content if b.type == "tool_use"]
+    check("tools stream (3 parameters): input_json_delta fragments", len(partial) >= 4, partial)
+    check("tools stream (3 parameters): SDK accumulator == not streamed",
+          len(fs) == 1 and len(wc) == 1 and fs[0].input == wc[0].input and
+          json.loads("".join(partial)) == wc[0].input, (fs, partial))
+    status, _, body = server.request("POST", "/v1/chat/completions", {
+        "model": "tiny", "messages": ask, "max_tokens": 128, "temperature": 0,
+        "tools": [{"type": "function", "function": {
+            "name": CONVERT["name"], "description": CONVERT["description"],
+            "parameters": CONVERT["input_schema"]}}],
+        "chat_template_kwargs": {"enable_thinking": False}})
+    oc = json.loads(body)["choices"][0]["message"].get("tool_calls") or [{}]
+    check("tools stream (3 parameters): fragments == the OpenAI route's arguments string",
+          status == 200 and "".join(partial) == oc[0].get("function", {}).get("arguments"),
+          (partial, oc))
     history = user + [{"role": "assistant", "content": [b.model_dump() for b in r.content]},
                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                     "content": "09:41"}]}]

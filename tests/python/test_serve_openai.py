@@ -2,7 +2,8 @@
 """`qwenrt serve` on the embedded tiny chat model (cpu backend), driven with the official `openai`
 SDK (tools/requirements.txt pins it) and raw HTTP where the SDK cannot go:
   chat streamed == not streamed (greedy), reasoning on and off, a tool round trip (call -> tool
-  result -> answer) and tool_choice required, usage equal to `qwenrt template` + `qwenrt tokenize`
+  result -> answer) and tool_choice required, tool-call arguments streamed as fragments (raw and
+  through the SDK's accumulator) == the whole arguments, usage equal to `qwenrt template` + `qwenrt tokenize`
   counts, seeds reproducible, n > 1, logprobs consistent, /v1/completions (text and token ids),
   paths without /v1, CORS preflight, a 100 MB body -> 413, a prompt over the context -> 400,
   32 concurrent greedy requests == the same one at a time, a client leaving mid-stream leaves no
@@ -38,6 +39,13 @@ GET_TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Get the local time in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
+# Three parameters, one of them typed (a number streams whole once it has ended, strings stream as
+# they are generated); the tiny model was trained on it.
+CONVERT = {"type": "function", "function": {
+    "name": "convert_currency", "description": "Convert an amount of money between currencies.",
+    "parameters": {"type": "object", "properties": {
+        "amount": {"type": "number"}, "from_currency": {"type": "string"},
+        "to_currency": {"type": "string"}}, "required": ["amount", "from_currency", "to_currency"]}}}
 
 
 def check(name, ok, detail=""):
@@ -250,6 +258,44 @@ def tool_checks(client, server, qwenrt):
     check("tools stream: id and name once", len(ids) == 1 and names == ["get_time"], (ids, names))
     check("tools stream: fragments == arguments", fragments == call.function.arguments,
           (fragments, call.function.arguments))
+
+    # A call of three parameters streams its arguments in fragments while it is generated: the
+    # raw fragments concatenate to the whole reply's string, and the SDK's own accumulator
+    # (chat.completions.stream -> get_final_completion) yields the same arguments.
+    ask = [{"role": "user", "content": "Convert 250 USD to EUR."}]
+    kw = dict(model="tiny", messages=ask, tools=[CONVERT], temperature=0, max_tokens=128,
+              extra_body=no_think)
+    wc = (client.chat.completions.create(**kw).choices[0].message.tool_calls or [None])[0]
+    check("tools (3 parameters): a call", wc is not None and wc.function.name == "convert_currency"
+          and json.loads(wc.function.arguments) == {"amount": 250, "from_currency": "USD",
+                                                     "to_currency": "EUR"}, wc)
+    if wc is not None:
+        pieces, headers = [], []
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for ch in chunk.choices:
+                for tc in ch.delta.tool_calls or []:
+                    if tc.id:
+                        headers.append((tc.index, tc.function.name, tc.function.arguments))
+                    elif tc.function and tc.function.arguments:
+                        pieces.append((tc.index, tc.function.arguments))
+        check("tools stream (3 parameters): header once, then fragments",
+              headers == [(0, "convert_currency", "")] and len(pieces) >= 4 and
+              all(i == 0 for i, _ in pieces), (headers, pieces))
+        joined = "".join(f for _, f in pieces)
+        check("tools stream (3 parameters): fragments == arguments, same JSON",
+              joined == wc.function.arguments and
+              json.loads(joined) == json.loads(wc.function.arguments),
+              (joined, wc.function.arguments))
+        with client.chat.completions.stream(**kw) as stream:
+            deltas = [e.arguments_delta for e in stream
+                      if e.type == "tool_calls.function.arguments.delta"]
+            final = stream.get_final_completion()
+        fc = (final.choices[0].message.tool_calls or [None])[0]
+        check("tools stream (3 parameters): SDK accumulator == not streamed",
+              fc is not None and fc.function.name == wc.function.name and
+              json.loads(fc.function.arguments) == json.loads(wc.function.arguments) and
+              len(deltas) >= 4 and final.choices[0].finish_reason == "tool_calls",
+              (fc, deltas))
 
     # Round trip: the tool's result goes back, the model answers.
     history = user + [{"role": "assistant", "content": c.message.content,

@@ -5,7 +5,8 @@ model (cpu backend), driven with the pinned `openai` SDK:
   reasoning_tokens, usage.input_tokens == `qwenrt template` + `qwenrt tokenize`, streaming events
   parsed by the SDK (its responses.stream() accumulator) with deltas == the whole response, a
   function call round trip (function_call -> function_call_output -> answer), streamed arguments
-  == whole arguments, max_output_tokens -> incomplete, previous_response_id -> 400 naming it, and
+  == whole arguments (a three-parameter call in several deltas, through the SDK's accumulator),
+  max_output_tokens -> incomplete, previous_response_id -> 400 naming it, and
   the server still serving after each error.
 Prints one line per check; exits 1 on any failure.
 
@@ -14,6 +15,7 @@ Usage: test_serve_responses.py --qwenrt PATH/qwenrt [--tool ...]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -27,6 +29,12 @@ GET_TIME = {"type": "function", "name": "get_time", "description": "Get the loca
 GET_TIME_CHAT = {"type": "function", "function": {
     "name": "get_time", "description": "Get the local time in a city.",
     "parameters": GET_TIME["parameters"]}}
+CONVERT = {"type": "function", "name": "convert_currency",
+           "description": "Convert an amount of money between currencies.",
+           "parameters": {"type": "object", "properties": {
+               "amount": {"type": "number"}, "from_currency": {"type": "string"},
+               "to_currency": {"type": "string"}},
+               "required": ["amount", "from_currency", "to_currency"]}}
 QUESTION = "What is 12 + 7?"
 OFF = {"effort": "none"}
 
@@ -98,6 +106,20 @@ def tool_checks(client, qwenrt):
     done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
     check("tools stream: argument deltas == whole arguments",
           fragments == call.arguments and done == [call.arguments], (fragments, call.arguments))
+    # Three parameters: several argument deltas, accumulated by the SDK to the whole arguments.
+    kw = dict(model="tiny", input="Convert 250 USD to EUR.", tools=[CONVERT], reasoning=OFF,
+              temperature=0, max_output_tokens=128)
+    wc = [o for o in client.responses.create(**kw).output if o.type == "function_call"]
+    with client.responses.stream(**kw) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
+        sc = [o for o in stream.get_final_response().output if o.type == "function_call"]
+    check("tools stream (3 parameters): several deltas == whole arguments, same JSON",
+          len(wc) == 1 and len(deltas) >= 4 and "".join(deltas) == wc[0].arguments and
+          json.loads(wc[0].arguments) == {"amount": 250, "from_currency": "USD",
+                                          "to_currency": "EUR"}, (deltas, wc))
+    check("tools stream (3 parameters): SDK accumulator == not streamed",
+          len(sc) == 1 and len(wc) == 1 and sc[0].arguments == wc[0].arguments and
+          sc[0].name == wc[0].name, (sc, wc))
     history = [{"role": "user", "content": ask},
                {"type": "function_call", "call_id": call.call_id, "name": call.name,
                 "arguments": call.arguments},
