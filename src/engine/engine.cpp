@@ -78,7 +78,16 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
                             : arch::make_qwen35(file_, config_, *ops_);
   if (options.prefault && !ops_->copies_weights()) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
-  states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx, *ops_);
+  constexpr int kPageSize = 64;
+  int64_t page_bytes = 0;
+  for (int il = 0; il < config_.n_layer; ++il) {
+    if (config_.is_attention_layer(il))
+      page_bytes += 2 * int64_t{kPageSize} * config_.n_head_kv * config_.head_dim * 4;
+  }
+  if (options.cache_kv_bytes < 0) fail("cache KV bytes must be >= 0, got {}", options.cache_kv_bytes);
+  const int64_t extra_pages = page_bytes > 0 ? options.cache_kv_bytes / page_bytes : 0;
+  states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx, *ops_, kPageSize,
+                                                extra_pages);
 }
 
 void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,

@@ -57,6 +57,11 @@ struct Sequence {
   std::vector<int32_t> forced_after_thinking;  // params.forced_after_thinking as tokens
   int slot = -1;
   size_t n_prompt_fed = 0;  // prompt tokens the engine holds
+  int64_t n_cached = 0;     // of those, restored from the prefix cache
+  // Prompt positions where a snapshot goes into the prefix cache (ascending, after n_cached);
+  // a prompt chunk ends at each.
+  std::vector<int64_t> points;
+  size_t next_point = 0;
   int64_t position = 0;     // where the next fed token goes
   // Decoding: the accepted tokens the next step feeds; a run of forced tokens goes in at once
   // (one step, its last row sampling), not a step per token.
@@ -96,6 +101,8 @@ struct Scheduler::Impl {
     if (think_end) close_thinking = tokenizer.encode("\n</think>\n\n", true);
     const int n_slots = engine.states().n_slots();
     slots.resize(n_slots);
+    im_start = tokenizer.token_id("<|im_start|>");
+    if (options.prefix_cache) cache.emplace(engine.states(), options.cache);
   }
 
   ~Impl() {
@@ -103,6 +110,7 @@ struct Scheduler::Impl {
     for (auto& s : slots) {
       if (s) engine.states().reset(s->slot);
     }
+    cache.reset();  // its snapshots go back to the state store before the store can go
   }
 
   std::unique_ptr<Sequence> make_sequence(SequenceParams params, Sink sink);
@@ -110,6 +118,11 @@ struct Scheduler::Impl {
   // to deliver (outside the lock).
   bool iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out);
   void admit(Sequence& seq);
+  // Whether `seq` should wait for a running sequence whose prompt shares a longer prefix with it
+  // to reach a snapshot point (then it resumes from there instead of prefilling it too).
+  bool worth_waiting(const Sequence& seq) const;
+  void cache_reply(Sequence& seq);
+  void cache_tokens(Sequence& seq, std::span<const int32_t> tokens);
   void take(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
   void accept(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
   void emit(Sequence& seq, size_t n);
@@ -126,6 +139,8 @@ struct Scheduler::Impl {
   std::vector<int32_t> stop_ids;
   std::optional<int32_t> think_end;
   std::vector<int32_t> close_thinking;  // "\n</think>\n\n" as tokens
+  std::optional<int32_t> im_start;
+  std::optional<PrefixCache> cache;
 
   // Guarded by mutex: the queue, cancel requests, the flags and the counters.
   mutable std::mutex mutex;
@@ -185,12 +200,75 @@ void Scheduler::Impl::admit(Sequence& seq) {
   engine.states().reset(seq.slot);
   seq.t_admit = Clock::now();
   seq.position = 0;
+  if (cache) {
+    const auto& prompt = seq.params.prompt;
+    const int64_t n = cache->restore_longest(seq.slot, prompt);
+    seq.n_prompt_fed = static_cast<size_t>(n);
+    seq.position = n;
+    seq.n_cached = n;
+    const auto size = static_cast<int64_t>(prompt.size());
+    const int64_t every = int64_t{options.cache.snapshot_every_pages} * engine.states().page_size();
+    for (int64_t p = every; every > 0 && p < size; p += every) seq.points.push_back(p);
+    if (im_start) {
+      const auto last = std::find(prompt.rbegin(), prompt.rend(), *im_start);
+      if (last != prompt.rend()) seq.points.push_back(prompt.rend() - last - 1);
+    }
+    seq.points.push_back(size);
+    std::sort(seq.points.begin(), seq.points.end());
+    seq.points.erase(std::unique(seq.points.begin(), seq.points.end()), seq.points.end());
+    seq.points.erase(seq.points.begin(),
+                     std::upper_bound(seq.points.begin(), seq.points.end(), n));
+  }
   // What the reply starts with when it starts outside a think block, or when a zero budget
   // closes the block at once.
   if (!seq.thinking) {
     seq.forced.assign(seq.forced_after_thinking.begin(), seq.forced_after_thinking.end());
   } else if (seq.params.thinking_budget && *seq.params.thinking_budget == 0) {
     seq.forced.assign(close_thinking.begin(), close_thinking.end());
+  }
+}
+
+bool Scheduler::Impl::worth_waiting(const Sequence& seq) const {
+  const auto& prompt = seq.params.prompt;
+  const int64_t have = cache->longest(prompt);
+  for (const Sequence* r : order) {
+    if (!r->prefilling()) continue;
+    const auto& other = r->params.prompt;
+    const auto common = static_cast<int64_t>(
+        std::mismatch(prompt.begin(), prompt.end(), other.begin(), other.end()).first -
+        prompt.begin());
+    const int64_t usable = std::min<int64_t>(common, static_cast<int64_t>(prompt.size()) - 1);
+    // r's last snapshot point within the shared prefix, not reached yet.
+    for (auto p = r->points.rbegin(); p != r->points.rend(); ++p) {
+      if (*p > usable) continue;
+      if (*p > static_cast<int64_t>(r->n_prompt_fed) &&
+          *p >= have + engine.states().page_size())
+        return true;
+      break;
+    }
+  }
+  return false;
+}
+
+// The reply's end into the prefix cache: the slot holds the prompt and the generated tokens fed
+// so far (the last accepted one is not fed yet).
+void Scheduler::Impl::cache_reply(Sequence& seq) {
+  const auto n_prompt = static_cast<int64_t>(seq.params.prompt.size());
+  const int64_t n_fed = std::min<int64_t>(seq.position - n_prompt,
+                                          static_cast<int64_t>(seq.generated.size()));
+  if (n_fed <= 0 || seq.prefilling()) return;
+  std::vector<int32_t> tokens(seq.params.prompt);
+  tokens.insert(tokens.end(), seq.generated.begin(), seq.generated.begin() + n_fed);
+  cache_tokens(seq, tokens);
+}
+
+// A failed snapshot (out of memory) costs the cache an entry, never the sequence.
+void Scheduler::Impl::cache_tokens(Sequence& seq, std::span<const int32_t> tokens) {
+  try {
+    cache->insert(seq.slot, tokens);
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarn, "prefix cache: {} tokens of sequence {} not cached: {}", tokens.size(),
+        seq.id, e.what());
   }
 }
 
@@ -287,8 +365,11 @@ void Scheduler::Impl::finish(Sequence& seq, FinishReason reason, std::string err
   u.finish = reason;
   u.error = std::move(error);
   u.n_prompt = static_cast<int64_t>(seq.params.prompt.size());
-  u.n_cached = 0;
+  u.n_cached = seq.n_cached;
   u.n_generated = static_cast<int64_t>(seq.generated.size());
+  const bool completed = reason == FinishReason::kStopToken ||
+                         reason == FinishReason::kStopString || reason == FinishReason::kLength;
+  if (cache && completed && seq.slot >= 0) cache_reply(seq);
   if (seq.slot >= 0) {
     u.queue_seconds = seconds_between(seq.t_submit, seq.t_admit);
     u.prompt_seconds = seconds_between(seq.t_admit, seq.has_first ? seq.t_first : now);
@@ -311,7 +392,6 @@ void Scheduler::Impl::release(Sequence& seq) {
 bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out) {
   std::vector<std::unique_ptr<Sequence>> cancelled_queued;
   std::vector<Sequence*> cancelled_running;
-  std::vector<Sequence*> admitted;
   {
     std::lock_guard lock(mutex);
     if (queue.empty() && order.empty()) {
@@ -335,13 +415,18 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
       }
     }
     cancel_requests.clear();  // the rest name sequences that have ended
-    for (int slot = 0; slot < static_cast<int>(slots.size()) && !queue.empty(); ++slot) {
+    // Free slots take queued sequences in order; with the prefix cache, one that would prefill
+    // what a running sequence is about to snapshot waits for it (and the next one goes first).
+    auto next = queue.begin();
+    for (int slot = 0; slot < static_cast<int>(slots.size()) && next != queue.end(); ++slot) {
       if (slots[slot]) continue;
-      slots[slot] = std::move(queue.front());
-      queue.pop_front();
+      while (next != queue.end() && cache && worth_waiting(**next)) ++next;
+      if (next == queue.end()) break;
+      slots[slot] = std::move(*next);
+      next = queue.erase(next);
       slots[slot]->slot = slot;
       order.push_back(slots[slot].get());
-      admitted.push_back(slots[slot].get());
+      admit(*slots[slot]);  // here: the next candidate's worth_waiting sees its snapshot points
     }
     stats.queued = static_cast<int>(queue.size());
     stats.running = static_cast<int>(order.size());
@@ -351,7 +436,6 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     ended.push_back(std::move(s));
   }
   for (Sequence* s : cancelled_running) finish(*s, FinishReason::kCancelled);
-  for (Sequence* s : admitted) admit(*s);
 
   // The batch: decode rows of running sequences first, then prompt chunks up to the budget.
   batch.clear();
@@ -370,7 +454,9 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     const int64_t room = options.step_tokens - static_cast<int64_t>(batch.size());
     if (room <= 0) break;
     if (!s->prefilling()) continue;
-    const size_t n = std::min<size_t>(room, s->params.prompt.size() - s->n_prompt_fed);
+    size_t n = std::min<size_t>(room, s->params.prompt.size() - s->n_prompt_fed);
+    if (s->next_point < s->points.size())  // the chunk ends at the next snapshot point
+      n = std::min<size_t>(n, s->points[s->next_point] - s->n_prompt_fed);
     const bool last = s->n_prompt_fed + n == s->params.prompt.size();
     const bool samples = last && s->forced.empty();
     for (size_t j = s->n_prompt_fed; j < s->n_prompt_fed + n; ++j) {
@@ -393,6 +479,12 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
   if (batch.size() > 0) {
     bool failed = false;
     std::string error;
+    if (cache) {  // the pages this step may take (a new page per page of rows, one copied)
+      const int64_t page = engine.states().page_size();
+      int64_t pages = 0;
+      for (const Entry& e : entries) pages += (e.n_rows + page - 1) / page + 1;
+      cache->make_room(pages);
+    }
     try {
       engine.step_sample(batch, rows, n_top, sampled);
     } catch (const std::exception& ex) {
@@ -409,6 +501,11 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
         Sequence& s = *e.seq;
         if (s.prefilling()) {
           s.n_prompt_fed += e.n_rows;
+          if (cache && s.next_point < s.points.size() &&
+              static_cast<int64_t>(s.n_prompt_fed) == s.points[s.next_point]) {
+            ++s.next_point;
+            cache_tokens(s, std::span(s.params.prompt).first(s.n_prompt_fed));
+          }
         } else {
           s.feed.clear();
         }
@@ -433,6 +530,7 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     stats.running = static_cast<int>(order.size());
     stats.queued = static_cast<int>(queue.size());
     stats.kv_pages_in_use = kv_pages();
+    if (cache) stats.cache = cache->stats();
     stats.prompt_tokens += prompt_rows;
     stats.generated_tokens += generated_after - generated_before;
     for (const auto& s : ended) {

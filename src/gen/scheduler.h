@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "gen/generator.h"
+#include "gen/prefix_cache.h"
 #include "sample/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -72,7 +73,7 @@ struct SequenceUpdate {
   std::string error;            // finish == kError: what went wrong
   chat::ParsedReply reply;      // the whole parsed reply (parse set)
   int64_t n_prompt = 0;         // prompt tokens
-  int64_t n_cached = 0;         // prompt tokens reused from a cache (0 until the prefix cache)
+  int64_t n_cached = 0;         // prompt tokens restored from the prefix cache, not prefilled
   int64_t n_generated = 0;      // generated tokens (forced included, stop token excluded)
   double queue_seconds = 0;     // submit to admission
   double prompt_seconds = 0;    // admission to the first generated token
@@ -85,6 +86,13 @@ struct SchedulerOptions {
   // Token budget of one step: decode rows first (every running sequence's, even beyond the
   // budget), then prompt chunks in admission order up to it.
   int step_tokens = 512;
+  // The prefix cache (gen/prefix_cache.h): a sequence resumes from the longest cached prefix of
+  // its prompt. Snapshots are taken at the end of each prompt, where its last message starts
+  // (<|im_start|>: where the next turn's history diverges when the template rewrites the reply),
+  // every cache.snapshot_every_pages KV pages inside long prompts, and at the end of each reply.
+  // A prompt chunk ends at each of those positions (a snapshot is taken between steps).
+  bool prefix_cache = false;
+  PrefixCacheOptions cache;
 };
 
 struct SchedulerStats {
@@ -92,7 +100,8 @@ struct SchedulerStats {
   int queued = 0;
   int64_t kv_pages_in_use = 0;
   uint64_t submitted = 0, finished = 0, cancelled = 0;  // finished: every end, cancelled included
-  uint64_t prompt_tokens = 0, generated_tokens = 0;     // totals since start
+  uint64_t prompt_tokens = 0, generated_tokens = 0;     // totals since start (prefilled prompt)
+  PrefixCacheStats cache;                               // zeros with the cache off
 };
 
 // submit() when the queue is full (the server answers 429).

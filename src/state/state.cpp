@@ -16,6 +16,9 @@ Snapshot& Snapshot::operator=(Snapshot&& other) noexcept {
     release();
     store_ = std::exchange(other.store_, nullptr);
     recurrent_ = std::exchange(other.recurrent_, nullptr);
+    host_ = std::move(other.host_);
+    other.host_.clear();
+    state_bytes_ = std::exchange(other.state_bytes_, 0);
     for (int t = 0; t < 2; ++t) {
       length_[t] = other.length_[t];
       pages_[t] = std::move(other.pages_[t]);
@@ -37,18 +40,23 @@ void Snapshot::release() {
   }
   if (recurrent_) store_->backend_.free_buffer(recurrent_);
   recurrent_ = nullptr;
+  host_.clear();
+  host_.shrink_to_fit();
+  state_bytes_ = 0;
   store_ = nullptr;
 }
 
 StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, ops::Ops& backend,
-                       int page_size)
+                       int page_size, int64_t extra_pages)
     : backend_(backend), n_slots_(n_slots), n_ctx_(n_ctx), page_size_(page_size) {
   if (n_slots < 1) fail("state: need at least one sequence slot, got {}", n_slots);
   if (n_ctx < 1) fail("state: context size must be positive, got {}", n_ctx);
   if (page_size < 1) fail("state: page size must be positive, got {}", page_size);
   max_pages_ = (n_ctx + page_size - 1) / page_size;
   // Every slot full, plus room for each slot's copied last page while snapshots hold the old one.
-  n_pages_ = n_slots * max_pages_ + 2 * int64_t{n_slots} + 2;
+  if (extra_pages < 0) fail("state: extra pages must be >= 0, got {}", extra_pages);
+  n_pages_ = n_slots * max_pages_ + 2 * int64_t{n_slots} + 2 + extra_pages;
+  if (n_pages_ > INT32_MAX) fail("state: {} KV pages do not fit 32-bit page ids", n_pages_);
   const int n_state_layers = config.n_layer + config.n_layer_nextn;
   kv_.resize(n_state_layers);
   recurrent_.resize(n_state_layers);
@@ -182,6 +190,7 @@ Snapshot StateStore::snapshot(int slot) {
   s.store_ = this;
   if (const int64_t bytes = recurrent_bytes(); bytes > 0) {
     s.recurrent_ = backend_.alloc_buffer(bytes);
+    s.state_bytes_ = bytes;
     auto* dst = static_cast<float*>(s.recurrent_);
     for (const auto& r : recurrent_) {
       if (!r.conv) continue;
@@ -215,6 +224,15 @@ void StateStore::restore(int slot, const Snapshot& s) {
       backend_.copy(r.delta + slot * delta_floats_, src, delta_floats_ * int64_t{sizeof(float)});
       src += delta_floats_;
     }
+  } else if (s.on_host()) {
+    const float* src = s.host_.data();
+    for (const auto& r : recurrent_) {
+      if (!r.conv) continue;
+      backend_.upload(src, r.conv + slot * conv_floats_, conv_floats_);
+      src += conv_floats_;
+      backend_.upload(src, r.delta + slot * delta_floats_, delta_floats_);
+      src += delta_floats_;
+    }
   }
   for (int ti = 0; ti < 2; ++ti) {
     release_pages(slot, Track(ti));
@@ -244,6 +262,27 @@ void StateStore::share_kv(int src, int dst, int64_t n_tokens) {
     ++t.refcount[to[i]];
   }
   t.length[dst] = n_tokens;
+}
+
+void StateStore::spill(Snapshot& s) {
+  if (s.store_ != this) fail("state: the snapshot belongs to another state store");
+  if (!s.recurrent_) return;
+  s.host_.resize(static_cast<size_t>(s.state_bytes_ / int64_t{sizeof(float)}));
+  backend_.download(static_cast<const float*>(s.recurrent_), s.host_.data(),
+                    static_cast<int64_t>(s.host_.size()));
+  backend_.free_buffer(s.recurrent_);
+  s.recurrent_ = nullptr;
+}
+
+int64_t StateStore::free_pages(Track track) const {
+  return static_cast<int64_t>(tracks_[int(track)].free_pages.size());
+}
+
+int64_t StateStore::page_bytes(Track track) const {
+  int64_t bytes = 0;
+  for (int il : tracks_[int(track)].layers)
+    bytes += 2 * int64_t{page_size_} * kv_[il].kv_dim * int64_t{sizeof(float)};
+  return bytes;
 }
 
 int64_t StateStore::pages_in_use(Track track) const {

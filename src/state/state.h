@@ -35,12 +35,19 @@ class Snapshot {
   ~Snapshot();
 
   int64_t n_tokens() const { return length_[0]; }
+  // Bytes of recurrent state it holds, and whether they were moved to host memory (spill).
+  int64_t state_bytes() const { return state_bytes_; }
+  bool on_host() const { return !host_.empty(); }
+  // KV pages it holds a reference to on the trunk track.
+  int64_t kv_pages() const { return static_cast<int64_t>(pages_[0].size()); }
 
  private:
   friend class StateStore;
   void release();
   StateStore* store_ = nullptr;
   void* recurrent_ = nullptr;  // backend buffer: every DeltaNet layer's conv then delta block
+  std::vector<float> host_;    // the same floats after spill() (recurrent_ then null)
+  int64_t state_bytes_ = 0;
   int64_t length_[2] = {0, 0};
   std::vector<int32_t> pages_[2];
 };
@@ -48,8 +55,9 @@ class Snapshot {
 class StateStore {
  public:
   // Pools for n_slots sequences of up to n_ctx tokens (plus spare pages for copy on write).
+  // extra_pages: pool pages beyond those, for KV that outlives its sequence (the prefix cache).
   StateStore(const model::Config& config, int n_slots, int64_t n_ctx, ops::Ops& backend,
-             int page_size = 64);
+             int page_size = 64, int64_t extra_pages = 0);
   ~StateStore();
   StateStore(const StateStore&) = delete;
   StateStore& operator=(const StateStore&) = delete;
@@ -79,13 +87,20 @@ class StateStore {
 
   Snapshot snapshot(int slot);
   void restore(int slot, const Snapshot& snapshot);
+  // Moves a snapshot's recurrent state to host memory (restore copies it back from there).
+  void spill(Snapshot& snapshot);
   // Gives the empty slot `dst` the first n_tokens of `src`'s trunk KV, sharing src's pages (no copy
   // until one of them writes into a shared page). Recurrent state is not shared: restore a
   // snapshot into dst for that.
   void share_kv(int src, int dst, int64_t n_tokens);
 
-  // Pages in use on a track (for tests and metrics).
+  // Pages in use on a track (for tests and metrics), pages free, and the bytes of one page over
+  // every layer of the track.
   int64_t pages_in_use(Track track) const;
+  int64_t free_pages(Track track) const;
+  int64_t page_bytes(Track track) const;
+  // Bytes of one slot's recurrent state (a snapshot's state_bytes).
+  int64_t recurrent_bytes() const;
 
  private:
   friend class Snapshot;
@@ -101,7 +116,6 @@ class StateStore {
   void unref(TrackState& t, int32_t page);
   void copy_page(const TrackState& t, int32_t from, int32_t to);
   void release_pages(int slot, Track track);
-  int64_t recurrent_bytes() const;
 
   ops::Ops& backend_;
   int n_slots_;
