@@ -171,18 +171,30 @@ TEST(ServeHttp, ChunkedStreamFromAnotherThread) {
 TEST(ServeHttp, LargeBodyIs413AndBadRequestsAre400) {
   HttpOptions o;
   o.max_body = 1000;
-  o.error_response = [](int status, const std::string& message) {
-    return HttpResponse{.status = status, .body = "{\"error\": \"" + message + "\"}"};
+  // The error names the route it was made for (the server picks the dialect's shape by it).
+  o.error_response = [](int status, const std::string& message, const std::string& path) {
+    return HttpResponse{.status = status,
+                        .body = "{\"error\": \"" + message + "\", \"path\": \"" + path + "\"}"};
   };
   Fixture f(o);
   {
     const int fd = connect_to(f.server->port());
     const std::string body(5000, 'x');
-    send_all(fd, "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5000\r\n\r\n" + body);
+    send_all(fd, "POST /v1/messages?beta=true HTTP/1.1\r\nHost: a\r\nContent-Length: 5000\r\n\r\n" +
+                     body);
     const std::string r = read_response(fd);
     EXPECT_EQ(r.rfind("HTTP/1.1 413 ", 0), 0u) << r;
     EXPECT_NE(r.find("limit of 1000 bytes"), std::string::npos) << r;
+    EXPECT_NE(r.find("\"path\": \"/v1/messages\""), std::string::npos) << r;
     EXPECT_NE(r.find("Connection: close"), std::string::npos);
+    ::close(fd);
+  }
+  {
+    // A request line that never parsed has no route.
+    const int fd = connect_to(f.server->port());
+    send_all(fd, "GARBAGE\r\n\r\n");
+    const std::string r = read_response(fd);
+    EXPECT_NE(r.find("\"path\": \"\""), std::string::npos) << r;
     ::close(fd);
   }
   for (const char* bad : {"GARBAGE\r\n\r\n", "GET / HTTP/9.9\r\n\r\n",

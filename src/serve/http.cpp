@@ -242,9 +242,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // An error the HTTP layer answers itself, then closes the connection.
   void answer_error(int status, const std::string& message) {
+    // The route, when the request line was read (Beast has set the target; a body over the
+    // limit is found at its Content-Length header), so the error comes in that route's dialect.
+    std::string path;
+    if (parser_) {
+      const auto& target = parser_->get().target();
+      const std::string_view t(target.data(), target.size());
+      path = std::string(t.substr(0, t.find('?')));
+    }
     HttpResponse r =
         options_.error_response
-            ? options_.error_response(status, message)
+            ? options_.error_response(status, message, path)
             : HttpResponse{.status = status, .content_type = "text/plain", .body = message + "\n"};
     send_head(r.status, r.content_type, r.headers, r.body.size());
     queue(std::move(r.body));

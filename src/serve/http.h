@@ -71,9 +71,11 @@ struct HttpOptions {
   size_t max_header = 64u << 10;           // bytes of request line and headers; larger: 431
   std::chrono::seconds idle_timeout{60};   // keep-alive wait for the next request, and header reads
   std::chrono::seconds write_timeout{60};  // a client that reads nothing for this long is dropped
-  // The body of an error the HTTP layer answers itself (400 malformed, 413, 431): the dialect's
-  // JSON error shape, made by the server.
-  std::function<HttpResponse(int status, const std::string& message)> error_response;
+  // The body of an error the HTTP layer answers itself (400 malformed, 413, 431): the JSON error
+  // shape of the route's dialect, made by the server. `path` is the request's path (up to '?')
+  // when its request line was read (a body over the limit), else empty.
+  std::function<HttpResponse(int status, const std::string& message, const std::string& path)>
+      error_response;
 };
 
 class HttpServer {

@@ -200,9 +200,23 @@ void Pending<Reply>::finish() {
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   // One line per request, whatever the log level: what an operator greps for.
   fmt::print(stderr,
-             "serve: {} {} {} prompt {} gen {} ttft {:.3f}s {:.1f} tok/s total {:.3f}s finish {}\n",
-             id, endpoint, status, usage.prompt, usage.completion, std::max(ttft, 0.0),
+             "serve: {} {} {} prompt {} cached {} gen {} ttft {:.3f}s {:.1f} tok/s total {:.3f}s "
+             "finish {}\n",
+             id, endpoint, status, usage.prompt, usage.cached, usage.completion, std::max(ttft, 0.0),
              usage.completion / std::max(generate_seconds, 1e-9), total, reply.finish_reasons());
+}
+
+// A request path without the /v1 prefix and trailing slashes: "/v1/messages/" -> "/messages".
+std::string route_of(const std::string& path) {
+  std::string route = path.rfind("/v1/", 0) == 0 ? path.substr(3) : path;
+  while (route.size() > 1 && route.back() == '/') route.pop_back();
+  return route;
+}
+
+// Anthropic's routes (/messages, /messages/count_tokens and anything under /messages/, with or
+// without /v1) answer every error, the HTTP layer's included, in Anthropic's shape.
+bool anthropic_route(const std::string& route) {
+  return route == "/messages" || route.rfind("/messages/", 0) == 0;
 }
 
 // The request's error in its dialect's shape (Anthropic's on /v1/messages, OpenAI's elsewhere).
@@ -390,12 +404,9 @@ void Server::Impl::responses(const HttpRequest& req, const std::shared_ptr<Respo
 
 void Server::Impl::handle(HttpRequest&& req, std::shared_ptr<Responder> out) {
   // Paths with and without the /v1 prefix are the same endpoint.
-  std::string path = req.path;
-  if (path.rfind("/v1/", 0) == 0) path = path.substr(3);
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const std::string path = route_of(req.path);
   const std::string endpoint = path == "/health" || path == "/metrics" ? path : "/v1" + path;
-  // Anthropic's routes answer errors (401 included) in Anthropic's shape.
-  const bool anthropic_shape = path == "/messages" || path.rfind("/messages/", 0) == 0;
+  const bool anthropic_shape = anthropic_route(path);
   auto answer = [&](HttpResponse r) {
     metrics.request(endpoint, r.status);
     out->respond(std::move(r));
@@ -484,8 +495,8 @@ Server::~Server() {
 void Server::start() {
   auto& s = *impl_;
   HttpOptions ho = s.options.http;
-  ho.error_response = [](int status, const std::string& message) {
-    return json_response(status, openai::error_json(status, message));
+  ho.error_response = [](int status, const std::string& message, const std::string& path) {
+    return api_error_response(ApiError(status, message), anthropic_route(route_of(path)));
   };
   s.http = std::make_unique<HttpServer>(
       ho,
@@ -507,7 +518,10 @@ void Server::load() {
   s.model.n_ctx = s.engine->states().n_ctx();
   s.model.n_vocab = s.tokenizer->n_vocab();
   s.scheduler = std::make_unique<gen::Scheduler>(
-      *s.engine, *s.tokenizer, gen::SchedulerOptions{.max_queue = s.options.max_queue});
+      *s.engine, *s.tokenizer,
+      gen::SchedulerOptions{.max_queue = s.options.max_queue,
+                            .prefix_cache = s.options.prefix_cache,
+                            .cache = s.options.cache});
   s.services = {.scheduler = s.scheduler.get(),
                 .metrics = &s.metrics,
                 .request_timeout = s.options.request_timeout};
@@ -516,6 +530,20 @@ void Server::load() {
   fmt::print(stderr, "serve: {} ({} slots, {} tokens each, dialect {}) on http://{}:{}\n",
              s.model.name, s.options.engine.n_slots, s.model.n_ctx,
              chat::dialect_name(s.model.dialect), s.options.http.host, s.http->port());
+  auto& st = s.engine->states();
+  if (s.options.prefix_cache) {
+    const int64_t room = st.free_pages(state::Track::kTrunk) -
+                         int64_t{st.n_slots()} * ((st.n_ctx() + st.page_size() - 1) / st.page_size());
+    fmt::print(stderr,
+               "serve: prefix cache on: KV room {} pages ({} MiB), snapshots {} MiB each, up to "
+               "{} MiB in backend memory and {} MiB on the host, one every {} pages\n",
+               std::max<int64_t>(room, 0),
+               std::max<int64_t>(room, 0) * st.page_bytes(state::Track::kTrunk) >> 20,
+               st.recurrent_bytes() >> 20, s.options.cache.state_bytes >> 20,
+               s.options.cache.host_bytes >> 20, s.options.cache.snapshot_every_pages);
+  } else {
+    fmt::print(stderr, "serve: prefix cache off\n");
+  }
 }
 
 int Server::port() const {

@@ -8,7 +8,9 @@ pins it) and raw HTTP where the SDK cannot go:
   input_json_delta fragments, accumulated by the SDK, == the OpenAI route's arguments), count_tokens == usage.input_tokens of the
   same request == `qwenrt template` + `qwenrt tokenize`, stop_sequences -> stop_sequence,
   max_tokens -> max_tokens, errors in Anthropic's shape (400 naming the field, 404, 401 with
-  --api-key, x-api-key accepted) and the server still serving after each.
+  --api-key, x-api-key accepted) and the server still serving after each; the errors made before
+  a reply exists (413 from the HTTP layer, 404, 405, 401, 429 with Retry-After, 504 timeout) in
+  Anthropic's shape on Anthropic's routes and in OpenAI's on OpenAI's.
 Prints one line per check; exits 1 on any failure.
 
 Usage: test_serve_anthropic.py --qwenrt PATH/qwenrt [--tool ...]
@@ -16,13 +18,16 @@ Usage: test_serve_anthropic.py --qwenrt PATH/qwenrt [--tool ...]
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_serve_openai import Server, check, failures, rendered_prompt_tokens  # noqa: E402
+from test_serve_openai import (MODEL, Server, check, failures,  # noqa: E402
+                               rendered_prompt_tokens)
 
 GET_TIME = {"name": "get_time", "description": "Get the local time in a city.",
             "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -202,6 +207,110 @@ def error_checks(client, server):
     still_serves(client, "after errors")
 
 
+def anthropic_error(status, raw, want_status, want_type):
+    """Whether a reply is Anthropic's {"type": "error", "error": {"type", "message"}}."""
+    try:
+        e = json.loads(raw)
+    except ValueError:
+        return False
+    return (status == want_status and e.get("type") == "error" and
+            e.get("error", {}).get("type") == want_type and bool(e["error"].get("message")))
+
+
+def openai_error(status, raw, want_status):
+    try:
+        e = json.loads(raw)
+    except ValueError:
+        return False
+    return (status == want_status and "type" not in e and
+            isinstance(e.get("error"), dict) and bool(e["error"].get("message")))
+
+
+def http_error_checks(qwenrt):
+    """The errors made before a reply exists (the HTTP layer's 413, routing's 404 / 405, the API
+    key's 401, the queue's 429, the request timeout's 504): Anthropic's shape on Anthropic's routes
+    (with and without /v1), OpenAI's on OpenAI's. One server: 1 slot, 2 queued, 1 MiB bodies,
+    1 s per request, on the ref backend (~170 tok/s here, against ~3,000 on cpu), so a request
+    that waited behind timed-out ones cannot finish its ~95-token answer in what is left of its
+    second (the server checks deadlines every 0.2 s)."""
+    server = Server(qwenrt, "--api-key", "k", "--max-body-mb", "1", "--timeout", "1",
+                    parallel=1, max_queue=2, backend="ref")
+    key = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    msg = {"model": "tiny", "max_tokens": 8, "messages": Q}
+    chat = {"model": "tiny", "max_tokens": 8, "messages": Q}
+    try:
+        for path in ("/v1/messages", "/messages", "/v1/messages/count_tokens"):
+            s, _, raw = server.request("POST", path, msg, {"anthropic-version": "2023-06-01"})
+            check(f"401 on {path}: authentication_error",
+                  anthropic_error(s, raw, 401, "authentication_error"), (s, raw))
+        s, _, raw = server.request("POST", "/v1/chat/completions", chat)
+        check("401 on /v1/chat/completions: OpenAI's shape", openai_error(s, raw, 401), (s, raw))
+
+        big = b'{"model": "tiny", "max_tokens": 8, "messages": [], "pad": "' + \
+            b"x" * (2 << 20) + b'"}'
+        for path in ("/v1/messages", "/messages/count_tokens", "/v1/messages?beta=true"):
+            s, _, raw = server.request("POST", path, big, key)
+            check(f"413 on {path}: request_too_large",
+                  anthropic_error(s, raw, 413, "request_too_large"), (s, raw[:200]))
+        s, _, raw = server.request("POST", "/v1/chat/completions", big, key)
+        check("413 on /v1/chat/completions: OpenAI's shape", openai_error(s, raw, 413),
+              (s, raw[:200]))
+
+        s, _, raw = server.request("POST", "/v1/messages/batches", msg, key)
+        check("404 on /v1/messages/batches: not_found_error",
+              anthropic_error(s, raw, 404, "not_found_error"), (s, raw))
+        s, _, raw = server.request("POST", "/v1/nothing", chat, key)
+        check("404 on /v1/nothing: OpenAI's shape", openai_error(s, raw, 404), (s, raw))
+        for path in ("/v1/messages", "/messages/count_tokens"):
+            s, _, raw = server.request("GET", path, None, key)
+            check(f"405 on GET {path}: invalid_request_error",
+                  anthropic_error(s, raw, 405, "invalid_request_error"), (s, raw))
+        s, _, raw = server.request("GET", "/v1/chat/completions", None, key)
+        check("405 on GET /v1/chat/completions: OpenAI's shape", openai_error(s, raw, 405), (s, raw))
+
+        # The slot and the queue full: two long OpenAI streams (stop tokens banned, so they run
+        # until the timeout) and an Anthropic request waiting behind them.
+        stops = subprocess.run([qwenrt, "tokenize", "-m", MODEL, "--special",
+                                "<|im_end|><|endoftext|>"], check=True, capture_output=True,
+                               text=True).stdout.split()
+        long_chat = {"model": "tiny", "max_tokens": 900, "stream": True, "temperature": 0,
+                     "messages": [{"role": "user", "content": "Write a long story."}],
+                     "chat_template_kwargs": {"enable_thinking": False},
+                     "logit_bias": {t: -100 for t in stops}}
+        long_msg = {"model": "tiny", "max_tokens": 900, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Write a long story."}]}
+        pool = concurrent.futures.ThreadPoolExecutor(4)
+        streams = [pool.submit(server.request, "POST", "/v1/chat/completions", long_chat, key)
+                   for _ in range(2)]
+        deadline = time.time() + 0.5
+        while time.time() < deadline and server.metrics(key).get("qwenrt_queue_depth", 0) < 1:
+            time.sleep(0.02)
+        waiting = pool.submit(server.request, "POST", "/v1/messages", long_msg, key)
+        while time.time() < deadline and server.metrics(key).get("qwenrt_queue_depth", 0) < 2:
+            time.sleep(0.02)
+        full = server.metrics(key).get("qwenrt_queue_depth", 0) == 2
+        s, h, raw = server.request("POST", "/v1/messages", msg, key)
+        check("429 on /v1/messages: rate_limit_error with Retry-After",
+              full and anthropic_error(s, raw, 429, "rate_limit_error") and
+              "Retry-After" in h, (full, s, h, raw))
+        s, h, raw = server.request("POST", "/v1/chat/completions", chat, key)
+        check("429 on /v1/chat/completions: OpenAI's shape with Retry-After",
+              full and openai_error(s, raw, 429) and "Retry-After" in h, (full, s, h, raw))
+        s, _, raw = waiting.result(timeout=30)
+        check("504 (request timeout) on /v1/messages: timeout_error",
+              anthropic_error(s, raw, 504, "timeout_error"), (s, raw))
+        for f in streams:
+            s, _, raw = f.result(timeout=30)
+            events = [json.loads(line[6:]) for line in raw.decode().splitlines()
+                      if line.startswith("data: {")]
+            check("504 in an OpenAI stream: an error event in OpenAI's shape",
+                  s == 200 and any("error" in e and "type" not in e for e in events),
+                  (s, events[-2:]))
+        pool.shutdown()
+    finally:
+        server.stop()
+
+
 def auth_checks(qwenrt):
     import anthropic
     server = Server(qwenrt, "--api-key", "sekrit")
@@ -243,6 +352,7 @@ def main():
         rc = server.stop()
     check("server: exit 0 on SIGTERM", rc == 0, rc)
     auth_checks(args.qwenrt)
+    http_error_checks(args.qwenrt)
     print(f"{len(failures)} failures, {time.time() - t0:.1f}s")
     sys.exit(1 if failures else 0)
 

@@ -62,12 +62,12 @@ def free_port():
 
 
 class Server:
-    def __init__(self, qwenrt, *extra):
+    def __init__(self, qwenrt, *extra, parallel=4, max_queue=64, backend="cpu"):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="qwenrt-serve-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            [qwenrt, "serve", "-m", MODEL, "--backend", "cpu", "-t", "2", "--port", str(self.port),
-             "--parallel", "4", "-c", str(CTX), "--max-queue", "64", *extra],
+            [qwenrt, "serve", "-m", MODEL, "--backend", backend, "-t", "2", "--port", str(self.port),
+             "--parallel", str(parallel), "-c", str(CTX), "--max-queue", str(max_queue), *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -93,8 +93,8 @@ class Server:
         finally:
             conn.close()
 
-    def metrics(self):
-        _, _, body = self.request("GET", "/metrics")
+    def metrics(self, headers=None):
+        _, _, body = self.request("GET", "/metrics", headers=headers)
         out = {}
         for line in body.decode().splitlines():
             if line and not line.startswith("#"):
