@@ -143,10 +143,11 @@ class Reply:
 
 
 async def exchange(port: int, path: str, body: dict, stream: bool, leave_after: int = 0,
-                   timeout: float = 600.0, r: Reply | None = None) -> Reply:
+                   timeout: float = 600.0, r: Reply | None = None, on_event=None) -> Reply:
     """POST body to path; for a stream, parse SSE events as they arrive (into r, which the caller
     may watch while it fills). leave_after > 0: close the connection after that many content
-    deltas (a client that disconnects)."""
+    deltas (a client that disconnects). on_event(event, arrival_time): called with every parsed
+    JSON event of a stream (bench/prefix_cache.py reads usage, timings and tool-call deltas)."""
     r = r if r is not None else Reply()
     data = json.dumps(body).encode()
     writer = None
@@ -206,6 +207,8 @@ async def exchange(port: int, path: str, body: dict, stream: bool, leave_after: 
                         j = json.loads(payload)
                     except ValueError:
                         continue
+                    if on_event is not None:
+                        on_event(j, now)
                     if j.get("usage"):
                         r.completion_tokens = j["usage"].get("completion_tokens")
                     for ch in j.get("choices") or []:
