@@ -30,6 +30,11 @@ struct ServeCliOptions {
   int io_threads = 4;
   size_t max_body_mb = 16;
   double timeout = 600;
+  std::string prefix_cache = "on";
+  int64_t cache_kv_mb = -1;  // -1: as much as the slots' own KV, at most 4 GiB
+  int64_t cache_state_mb = 2048;
+  int64_t cache_host_mb = 4096;
+  int cache_snapshot_pages = 16;
 };
 
 int run_serve(const ServeCliOptions& opt) {
@@ -57,6 +62,11 @@ int run_serve(const ServeCliOptions& opt) {
   if (so.api_key.empty())
     if (const char* key = std::getenv("QWENRT_API_KEY")) so.api_key = key;
   so.request_timeout = opt.timeout;
+  so.prefix_cache = opt.prefix_cache == "on";
+  so.engine.cache_kv_bytes = so.prefix_cache ? (opt.cache_kv_mb < 0 ? -1 : opt.cache_kv_mb << 20) : 0;
+  so.cache.state_bytes = opt.cache_state_mb << 20;
+  so.cache.host_bytes = opt.cache_host_mb << 20;
+  so.cache.snapshot_every_pages = opt.cache_snapshot_pages;
 
   serve::Server server(so);
   server.start();
@@ -102,6 +112,27 @@ Run add_serve(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--timeout", opt->timeout, "Seconds a request may take (0: no limit)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_option("--prefix-cache", opt->prefix_cache,
+                  "Resume prompts from the longest cached prefix (KV pages + recurrent-state "
+                  "snapshots)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  sub->add_option("--cache-kv-mb", opt->cache_kv_mb,
+                  "KV room for the prefix cache in MiB (default: as much as the slots' own, at "
+                  "most 4096)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  sub->add_option("--cache-state-mb", opt->cache_state_mb,
+                  "Recurrent-state snapshots kept in backend memory, MiB (then spilled to host)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
+  sub->add_option("--cache-host-mb", opt->cache_host_mb,
+                  "Recurrent-state snapshots kept in host memory, MiB (then evicted)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
+  sub->add_option("--cache-snapshot-pages", opt->cache_snapshot_pages,
+                  "A snapshot every this many KV pages (64 tokens) inside long prompts (0: none)")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   add_backend_options(sub, opt->backend);
   return [opt] { return run_serve(*opt); };

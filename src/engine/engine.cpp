@@ -84,8 +84,12 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     if (config_.is_attention_layer(il))
       page_bytes += 2 * int64_t{kPageSize} * config_.n_head_kv * config_.head_dim * 4;
   }
-  if (options.cache_kv_bytes < 0) fail("cache KV bytes must be >= 0, got {}", options.cache_kv_bytes);
-  const int64_t extra_pages = page_bytes > 0 ? options.cache_kv_bytes / page_bytes : 0;
+  int64_t cache_bytes = options.cache_kv_bytes;
+  if (cache_bytes < 0) {
+    const int64_t own = int64_t{options.n_slots} * ((n_ctx + kPageSize - 1) / kPageSize) * page_bytes;
+    cache_bytes = std::min<int64_t>(own, int64_t{4} << 30);
+  }
+  const int64_t extra_pages = page_bytes > 0 ? cache_bytes / page_bytes : 0;
   states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx, *ops_, kPageSize,
                                                 extra_pages);
 }

@@ -30,7 +30,8 @@ struct EngineOptions {
   int64_t n_ctx = 0;  // tokens per sequence; 0 = the model's context_length, capped at 32768
   ops::DeltaNetMode deltanet_mode = ops::DeltaNetMode::kAuto;
   // KV pool room beyond the slots' own, for KV kept after its sequence ends (the prefix cache):
-  // this many bytes of pages over every trunk attention layer, rounded down to whole pages.
+  // this many bytes of pages over every trunk attention layer, rounded down to whole pages;
+  // negative: as much as the slots' own KV, at most 4 GiB.
   int64_t cache_kv_bytes = 0;
   // Read every weight page once at load (so the first step does not pay for page faults);
   // on_load_progress(bytes done, bytes total) is called as it goes.

@@ -128,9 +128,13 @@ struct Scheduler::Impl {
   void emit(Sequence& seq, size_t n);
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
   void release(Sequence& seq);
-  int64_t kv_pages() {
+  int64_t kv_pages() const {
+    return engine.states().pages_held_by_slots(state::Track::kTrunk) +
+           engine.states().pages_held_by_slots(state::Track::kMtp);
+  }
+  int64_t kv_pages_cached() const {
     return engine.states().pages_in_use(state::Track::kTrunk) +
-           engine.states().pages_in_use(state::Track::kMtp);
+           engine.states().pages_in_use(state::Track::kMtp) - kv_pages();
   }
 
   engine::Engine& engine;
@@ -530,6 +534,7 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     stats.running = static_cast<int>(order.size());
     stats.queued = static_cast<int>(queue.size());
     stats.kv_pages_in_use = kv_pages();
+    stats.kv_pages_cached = kv_pages_cached();
     if (cache) stats.cache = cache->stats();
     stats.prompt_tokens += prompt_rows;
     stats.generated_tokens += generated_after - generated_before;

@@ -98,7 +98,8 @@ struct SchedulerOptions {
 struct SchedulerStats {
   int running = 0;
   int queued = 0;
-  int64_t kv_pages_in_use = 0;
+  int64_t kv_pages_in_use = 0;  // held by running sequences (trunk and MTP tracks)
+  int64_t kv_pages_cached = 0;  // held only by the prefix cache
   uint64_t submitted = 0, finished = 0, cancelled = 0;  // finished: every end, cancelled included
   uint64_t prompt_tokens = 0, generated_tokens = 0;     // totals since start (prefilled prompt)
   PrefixCacheStats cache;                               // zeros with the cache off

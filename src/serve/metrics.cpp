@@ -74,6 +74,27 @@ std::string Metrics::render(const MetricsSnapshot& s) const {
   gauge("qwenrt_running_sequences", "Sequences in an engine slot", s.scheduler.running);
   gauge("qwenrt_kv_pages_in_use", "KV cache pages held by sequences",
         static_cast<double>(s.scheduler.kv_pages_in_use));
+  const gen::PrefixCacheStats& c = s.scheduler.cache;
+  gauge("qwenrt_prefix_cache_kv_pages", "KV pages held only by the prefix cache",
+        static_cast<double>(s.scheduler.kv_pages_cached));
+  gauge("qwenrt_prefix_cache_entries", "Prefix cache entries (snapshots)",
+        static_cast<double>(c.entries));
+  gauge("qwenrt_prefix_cache_state_bytes", "Recurrent state the prefix cache holds in backend memory",
+        static_cast<double>(c.state_bytes));
+  gauge("qwenrt_prefix_cache_host_bytes", "Recurrent state the prefix cache spilled to host memory",
+        static_cast<double>(c.host_bytes));
+  counter("qwenrt_prefix_cache_lookups_total", "Prompts looked up in the prefix cache",
+          static_cast<double>(c.lookups));
+  counter("qwenrt_prefix_cache_hits_total", "Lookups that resumed from a cached prefix",
+          static_cast<double>(c.hits));
+  counter("qwenrt_prefix_cache_misses_total", "Lookups that found nothing",
+          static_cast<double>(c.lookups - c.hits));
+  counter("qwenrt_prefix_cache_hit_tokens_total", "Prompt tokens restored instead of prefilled",
+          static_cast<double>(c.hit_tokens));
+  counter("qwenrt_prefix_cache_evictions_total", "Prefix cache entries evicted",
+          static_cast<double>(c.evictions));
+  counter("qwenrt_prefix_cache_spills_total", "Snapshots moved to host memory",
+          static_cast<double>(c.spills));
   counter("qwenrt_sequences_submitted_total", "Sequences submitted",
           static_cast<double>(s.scheduler.submitted));
   counter("qwenrt_sequences_finished_total", "Sequences ended (any reason)",

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "gen/prefix_cache.h"
 #include "serve/http.h"
 
 namespace qwenrt::serve {
@@ -20,6 +21,8 @@ struct ServeOptions {
   int max_queue = 256;           // sequences waiting for a slot; beyond: 429
   std::string api_key;           // empty: no authentication
   double request_timeout = 600;  // seconds from arrival to the end of the answer; 0: none
+  bool prefix_cache = true;      // gen/prefix_cache.h; engine.cache_kv_bytes sizes its KV room
+  gen::PrefixCacheOptions cache;
 };
 
 class Server {

@@ -274,6 +274,19 @@ void StateStore::spill(Snapshot& s) {
   s.recurrent_ = nullptr;
 }
 
+int64_t StateStore::pages_held_by_slots(Track track) const {
+  const TrackState& t = tracks_[int(track)];
+  std::vector<uint8_t> held(static_cast<size_t>(n_pages_), 0);
+  int64_t n = 0;
+  for (int32_t p : t.tables) {
+    if (p >= 0 && !held[p]) {
+      held[p] = 1;
+      ++n;
+    }
+  }
+  return n;
+}
+
 int64_t StateStore::free_pages(Track track) const {
   return static_cast<int64_t>(tracks_[int(track)].free_pages.size());
 }

@@ -97,6 +97,8 @@ class StateStore {
   // Pages in use on a track (for tests and metrics), pages free, and the bytes of one page over
   // every layer of the track.
   int64_t pages_in_use(Track track) const;
+  // Of those, the pages some slot's table holds (the rest only snapshots hold).
+  int64_t pages_held_by_slots(Track track) const;
   int64_t free_pages(Track track) const;
   int64_t page_bytes(Track track) const;
   // Bytes of one slot's recurrent state (a snapshot's state_bytes).
