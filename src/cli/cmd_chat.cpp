@@ -39,7 +39,7 @@ std::optional<std::string> read_message(bool tty) {
 
 int run_chat(const TurnOptions& opt) {
   chat::Json messages = start_messages(opt);
-  Session session(opt);
+  Session session(opt, /*multi_turn=*/true);
   const bool tty = isatty(STDIN_FILENO);
   bool thinking = !opt.no_think;
   if (tty)

@@ -64,7 +64,7 @@ std::function<void(uint64_t, uint64_t)> load_progress_bar() {
   };
 }
 
-Session::Session(const TurnOptions& options) : options_(options) {
+Session::Session(const TurnOptions& options, bool multi_turn) : options_(options) {
   engine::EngineOptions eo;
   eo.n_ctx = options.n_ctx;
   apply(options.backend, eo);
@@ -73,7 +73,8 @@ Session::Session(const TurnOptions& options) : options_(options) {
   tokenizer_ =
       std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(engine_->file()));
   dialect_ = chat::dialect_for(engine_->identity().checkpoint);
-  scheduler_ = std::make_unique<gen::Scheduler>(*engine_, *tokenizer_);
+  scheduler_ = std::make_unique<gen::Scheduler>(*engine_, *tokenizer_,
+                                                gen::SchedulerOptions{.prefix_cache = multi_turn});
   log(LogLevel::kInfo, "model {} ({}), chat dialect {}", engine_->identity().name,
       engine_->config().arch_name, chat::dialect_name(dialect_));
 }
@@ -133,8 +134,11 @@ chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking,
   if (in_reasoning && tty) std::fputs("\x1b[0m", stdout);
   std::fputs("\n", stdout);
   std::fflush(stdout);
-  fmt::print(stderr, "[prompt {} tokens, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s | {}]\n",
-             last.n_prompt, last.n_prompt / std::max(last.prompt_seconds, 1e-9), last.n_generated,
+  // Prompt speed over the tokens prefilled (those restored from the prefix cache cost none).
+  const int64_t prefilled = last.n_prompt - last.n_cached;
+  fmt::print(stderr, "[prompt {} tokens{}, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s | {}]\n",
+             last.n_prompt, last.n_cached > 0 ? fmt::format(" ({} cached)", last.n_cached) : "",
+             prefilled / std::max(last.prompt_seconds, 1e-9), last.n_generated,
              last.n_generated / std::max(last.generate_seconds, 1e-9),
              gen::finish_reason_name(last.finish));
   return last.reply;

@@ -49,7 +49,9 @@ chat::Json start_messages(const TurnOptions& opt);
 
 class Session {
  public:
-  explicit Session(const TurnOptions& options);
+  // multi_turn: keep each turn's state in the prefix cache, so the next turn prefills only what
+  // it adds (chat); a single turn (run) skips the snapshots.
+  explicit Session(const TurnOptions& options, bool multi_turn = false);
 
   // Renders `messages` with the generation prompt, generates, streams to stdout and returns the
   // parsed reply. Prints prompt / generation speed to stderr.
