@@ -327,7 +327,7 @@ class ServerProc:
 def qwenrt_cmd(a, port: int, max_queue: int) -> list[str]:
     return [str(a.qwenrt), "serve", "-m", str(a.model), "--backend", "cpu", "-t", str(a.threads),
             "--parallel", str(a.parallel), "-c", str(a.ctx), "--max-queue", str(max_queue),
-            "--port", str(port)]
+            "--port", str(port), *(a.serve_arg or [])]
 
 
 def llama_cmd(a, port: int) -> list[str]:
@@ -555,6 +555,8 @@ async def main_async(a) -> dict:
     stops = stop_ids(a)
     res["stops"] = stops
     sides = [("qwenrt", None)] + ([] if a.skip_llamacpp else [("llama-server", None)])
+    if a.only_overload:
+        sides = []
     res["a"] = {}
     for kind, _ in sides:
         port = free_port()
@@ -594,7 +596,7 @@ async def main_async(a) -> dict:
             print(f"  {res['c']}", flush=True)
         finally:
             srv.stop()
-    if not a.skip_sigterm:
+    if not a.skip_sigterm and not a.only_overload:
         port = free_port()
         cmd = qwenrt_cmd(a, port, a.queue)
         res["cmds"]["qwenrt (d)"] = shown_cmd(cmd)
@@ -772,6 +774,12 @@ def main():
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-overload", action="store_true")
     ap.add_argument("--skip-sigterm", action="store_true")
+    ap.add_argument("--serve-arg", action="append",
+                    help="one more argument for `qwenrt serve` (repeatable), e.g. "
+                         "--serve-arg=--prefix-cache --serve-arg=off")
+    ap.add_argument("--only-overload", action="store_true",
+                    help="run (c) alone (no llama-server, no (a), (b), (d)); with --json, the "
+                         "per-burst RSS for a memory check")
     ap.add_argument("--note", action="append", help="a line for the report (repeatable)")
     ap.add_argument("--out", type=Path, help="the Markdown report")
     ap.add_argument("--json", type=Path, help="all results as JSON")
@@ -780,9 +788,15 @@ def main():
         os.environ[name] = ",".join(filter(None, ["127.0.0.1,localhost", os.environ.get(name)]))
     a.qwenrt = a.qwenrt or pick_qwenrt()
     res = asyncio.run(main_async(a))
-    text = report(a, res, [Path(sys.executable).name, *sys.argv])
-    print(text)
-    if a.out:
+    if a.only_overload:
+        c = res.get("c", {})
+        print(f"idle {c.get('rss_idle')} MiB; RSS 1 s after each burst: "
+              f"{[round(b['rss_after'], 1) for b in c.get('bursts', [])]}")
+        text = None
+    else:
+        text = report(a, res, [Path(sys.executable).name, *sys.argv])
+        print(text)
+    if a.out and text:
         a.out.write_text(text)
     if a.json:  # everything measured, reply texts and server log tails included (not for commit)
         a.json.write_text(json.dumps(res, indent=1, default=str))
