@@ -367,7 +367,8 @@ TEST(PrefixCacheScheduler, UnderTightBudgetsTheTokensStayTheSame) {
 }
 
 // Two sequences of one prompt submitted together (n > 1): the second waits for the first's
-// snapshot before the prompt's last message and prefills only from there.
+// snapshots (the system prompt's end, then the last message's start, waited for while that gains
+// a page or more) and prefills at most a page of the prompt.
 TEST(PrefixCacheScheduler, SiblingsOfOnePromptShareItsPrefill) {
   auto engine = load(kDense, 2, 512);
   const auto tok = tokenizer::Tokenizer::from_gguf(engine->file());
@@ -394,10 +395,9 @@ TEST(PrefixCacheScheduler, SiblingsOfOnePromptShareItsPrefill) {
   while (s.step()) {
   }
   EXPECT_EQ(cached[0], 0);
-  // The last <|im_start|> begins "<|im_start|>assistant\n": 3 tokens before the end.
-  const auto last = std::find(prompt.rbegin(), prompt.rend(), *tok.token_id("<|im_start|>"));
-  EXPECT_EQ(cached[1], static_cast<int64_t>(prompt.rend() - last - 1));
-  EXPECT_GT(cached[1], static_cast<int64_t>(prompt.size()) - 8);
+  const auto size = static_cast<int64_t>(prompt.size());
+  EXPECT_GE(cached[1], size - 64) << "prompt " << size;
+  EXPECT_LT(cached[1], size);
   EXPECT_GE(cached[1], 64) << "a page at least: worth waiting for";
 }
 

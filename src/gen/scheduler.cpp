@@ -214,8 +214,15 @@ void Scheduler::Impl::admit(Sequence& seq) {
     const int64_t every = int64_t{options.cache.snapshot_every_pages} * engine.states().page_size();
     for (int64_t p = every; every > 0 && p < size; p += every) seq.points.push_back(p);
     if (im_start) {
+      // Where the last message starts (the generation prompt), and where the second one does:
+      // the end of a system prompt (and tools) other conversations share.
       const auto last = std::find(prompt.rbegin(), prompt.rend(), *im_start);
       if (last != prompt.rend()) seq.points.push_back(prompt.rend() - last - 1);
+      const auto first = std::find(prompt.begin(), prompt.end(), *im_start);
+      if (first != prompt.end()) {
+        const auto second = std::find(first + 1, prompt.end(), *im_start);
+        if (second != prompt.end()) seq.points.push_back(second - prompt.begin());
+      }
     }
     seq.points.push_back(size);
     std::sort(seq.points.begin(), seq.points.end());

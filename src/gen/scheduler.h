@@ -89,6 +89,7 @@ struct SchedulerOptions {
   // The prefix cache (gen/prefix_cache.h): a sequence resumes from the longest cached prefix of
   // its prompt. Snapshots are taken at the end of each prompt, where its last message starts
   // (<|im_start|>: where the next turn's history diverges when the template rewrites the reply),
+  // where its second message starts (the end of a system prompt other conversations share),
   // every cache.snapshot_every_pages KV pages inside long prompts, and at the end of each reply.
   // A prompt chunk ends at each of those positions (a snapshot is taken between steps).
   bool prefix_cache = false;

@@ -389,7 +389,12 @@ std::string MessageReply::stream_end() const {
       {{"type", "message_delta"},
        {"delta",
         {{"stop_reason", stop_reason_.value_or("end_turn")}, {"stop_sequence", stop_sequence_}}},
-       {"usage", {{"input_tokens", usage_.prompt}, {"output_tokens", usage_.completion}}}});
+       // Anthropic counts cache reads apart: input_tokens are the prompt tokens prefilled.
+       {"usage",
+        {{"input_tokens", usage_.prompt - usage_.cached},
+         {"output_tokens", usage_.completion},
+         {"cache_creation_input_tokens", 0},
+         {"cache_read_input_tokens", usage_.cached}}}});
   out += event("message_stop", {{"type", "message_stop"}});
   return out;
 }
@@ -420,7 +425,7 @@ Json MessageReply::response() const {
           {"stop_reason", stop_reason_.value_or("end_turn")},
           {"stop_sequence", stop_sequence_},
           {"usage",
-           {{"input_tokens", usage_.prompt},
+           {{"input_tokens", usage_.prompt - usage_.cached},
             {"output_tokens", usage_.completion},
             {"cache_creation_input_tokens", 0},
             {"cache_read_input_tokens", usage_.cached}}}};

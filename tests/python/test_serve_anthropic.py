@@ -46,6 +46,11 @@ Q = [{"role": "user", "content": "What is 12 + 7?"}]
 T0 = {"temperature": 0}
 
 
+def prompt_of(usage):
+    """All the prompt's tokens: Anthropic counts those read from the cache apart."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
+
 def text_of(message):
     return "".join(b.text for b in message.content if b.type == "text")
 
@@ -68,7 +73,7 @@ def text_checks(client, server, qwenrt):
     n = rendered_prompt_tokens(qwenrt, Q, think=False)
     counted = client.messages.count_tokens(model="tiny", messages=Q)
     check("count_tokens == usage.input_tokens == tokenize(rendered)",
-          counted.input_tokens == r.usage.input_tokens == n,
+          counted.input_tokens == prompt_of(r.usage) == n,
           (counted.input_tokens, r.usage.input_tokens, n))
 
     # Thinking on: a thinking block first; streamed through the SDK == not streamed.
@@ -78,7 +83,7 @@ def text_checks(client, server, qwenrt):
     check("thinking: a thinking block, then text", w.content[0].type == "thinking" and
           bool(thinking_of(w)) and "19" in text_of(w), w.content)
     check("thinking: usage.input_tokens == tokenize(rendered, thinking)",
-          w.usage.input_tokens == rendered_prompt_tokens(qwenrt, Q, think=True), w.usage)
+          prompt_of(w.usage) == rendered_prompt_tokens(qwenrt, Q, think=True), w.usage)
     with client.messages.stream(model="tiny", max_tokens=250, messages=Q, extra_body=T0,
                                 thinking=think) as stream:
         types = [e.type for e in stream]
@@ -90,7 +95,7 @@ def text_checks(client, server, qwenrt):
     check("stream: text == not streamed", text_of(s) == text_of(w), (text_of(s), text_of(w)))
     check("stream: stop_reason and usage", s.stop_reason == w.stop_reason and
           s.usage.output_tokens == w.usage.output_tokens and
-          s.usage.input_tokens == w.usage.input_tokens, (s.usage, w.usage))
+          prompt_of(s.usage) == prompt_of(w.usage), (s.usage, w.usage))
     # Thinking history read back.
     hist = Q + [{"role": "assistant", "content": [
         {"type": "thinking", "thinking": thinking_of(w), "signature": ""},
@@ -128,7 +133,7 @@ def tool_checks(client, server, qwenrt):
           use.id.startswith("toolu_"), use)
     check("tools: count_tokens with tools == usage.input_tokens == tokenize(rendered)",
           client.messages.count_tokens(model="tiny", messages=user, tools=[GET_TIME]).input_tokens
-          == r.usage.input_tokens == rendered_prompt_tokens(qwenrt, user, [GET_TIME_OPENAI],
+          == prompt_of(r.usage) == rendered_prompt_tokens(qwenrt, user, [GET_TIME_OPENAI],
                                                             think=False), r.usage)
     with client.messages.stream(model="tiny", max_tokens=128, messages=user, tools=[GET_TIME],
                                 extra_body=T0) as stream:

@@ -525,7 +525,7 @@ def auth_and_shutdown_checks(qwenrt):
         rc = server.proc.wait(30)
         check("SIGTERM: exit code 0", rc == 0, rc)
         log = server.output()
-        check("request log line", re.search(r"serve: req-\d+ /v1/completions 200 prompt \d+ gen \d+ "
+        check("request log line", re.search(r"serve: req-\d+ /v1/completions 200 prompt \d+ cached \d+ gen \d+ "
                                             r"ttft [\d.]+s", log) is not None, log[-800:])
     finally:
         server.stop()
