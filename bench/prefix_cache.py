@@ -697,6 +697,7 @@ def main():
     ap.add_argument("--out", type=Path, help="the Markdown report")
     ap.add_argument("--json", type=Path, help="every request's record as JSON")
     a = ap.parse_args()
+    a.serve_arg = None  # server_load.qwenrt_cmd reads it (its --serve-arg); the budgets go as flags
     a.workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
     for w in a.workloads:
         if w not in WORKLOAD_TEXT:
