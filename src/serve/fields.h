@@ -48,6 +48,7 @@ struct ModelInfo {
   model::Checkpoint checkpoint{};
   int64_t n_ctx = 0;    // tokens per sequence
   int32_t n_vocab = 0;  // logit_bias ids must be below this
+  Json defaults;        // the identity and the defaults in force (gen::to_json), for /v1/models
 };
 
 // The body as a JSON object (400 on malformed JSON, invalid UTF-8, or another top-level type).

@@ -447,7 +447,8 @@ Json model_json(const ModelInfo& model, int64_t created) {
           {"object", "model"},
           {"created", created},
           {"owned_by", "qwenrt"},
-          {"meta", {{"n_ctx", model.n_ctx}, {"n_vocab", model.n_vocab}}}};
+          {"meta", {{"n_ctx", model.n_ctx}, {"n_vocab", model.n_vocab}}},
+          {"qwenrt", model.defaults.is_null() ? Json::object() : model.defaults}};
 }
 
 Json models_json(const ModelInfo& model, int64_t created) {

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "gen/defaults.h"
 #include "gen/scheduler.h"
 #include "gen/turn.h"
 #include "serve/anthropic.h"
@@ -517,6 +518,8 @@ void Server::load() {
   s.model.checkpoint = s.engine->identity().checkpoint;
   s.model.n_ctx = s.engine->states().n_ctx();
   s.model.n_vocab = s.tokenizer->n_vocab();
+  s.model.defaults = gen::to_json(gen::checkpoint_defaults(
+      s.engine->identity(), s.tokenizer.get(), s.engine->config().n_layer_nextn));
   s.scheduler = std::make_unique<gen::Scheduler>(
       *s.engine, *s.tokenizer,
       gen::SchedulerOptions{.max_queue = s.options.max_queue,

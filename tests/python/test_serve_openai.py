@@ -367,6 +367,12 @@ def completion_checks(server, qwenrt, client):
     models = json.loads(body)
     check("models: lists the model", status == 200 and models["data"][0]["object"] == "model",
           body[:200])
+    info = json.loads(subprocess.run([qwenrt, "info", "--json", MODEL], check=True,
+                                     capture_output=True, text=True).stdout)["qwenrt"]
+    shown = models["data"][0].get("qwenrt", {})
+    check("models: the identity and defaults in force, as `qwenrt info --json` shows them",
+          shown == info and shown["chat_dialect"] == "qwen3.5" and
+          shown["sampling"]["thinking"]["top_k"] == 20, (shown, info))
     status, headers, _ = server.request("OPTIONS", "/v1/chat/completions", None, {
         "Origin": "http://example.com", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization, content-type"})
