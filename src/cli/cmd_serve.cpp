@@ -31,7 +31,7 @@ struct ServeCliOptions {
   size_t max_body_mb = 16;
   double timeout = 600;
   std::string prefix_cache = "on";
-  int64_t cache_kv_mb = -1;  // -1: four times the slots' own KV, at most 4 GiB
+  int64_t cache_kv_mb = -1;  // -1: eight times the slots' own KV, at most 4 GiB
   int64_t cache_state_mb = 2048;
   int64_t cache_host_mb = 4096;
   int cache_snapshot_pages = 16;
@@ -119,7 +119,7 @@ Run add_serve(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   sub->add_option("--cache-kv-mb", opt->cache_kv_mb,
-                  "KV room for the prefix cache in MiB (default: four times the slots' own, at "
+                  "KV room for the prefix cache in MiB (default: eight times the slots' own, at "
                   "most 4096)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   sub->add_option("--cache-state-mb", opt->cache_state_mb,

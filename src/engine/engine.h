@@ -31,7 +31,7 @@ struct EngineOptions {
   ops::DeltaNetMode deltanet_mode = ops::DeltaNetMode::kAuto;
   // KV pool room beyond the slots' own, for KV kept after its sequence ends (the prefix cache):
   // this many bytes of pages over every trunk attention layer, rounded down to whole pages;
-  // negative: four times the slots' own KV, at most 4 GiB.
+  // negative: eight times the slots' own KV, at most 4 GiB.
   int64_t cache_kv_bytes = 0;
   // Read every weight page once at load (so the first step does not pay for page faults);
   // on_load_progress(bytes done, bytes total) is called as it goes.

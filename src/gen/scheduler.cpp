@@ -212,19 +212,25 @@ void Scheduler::Impl::admit(Sequence& seq) {
     seq.n_cached = n;
     const auto size = static_cast<int64_t>(prompt.size());
     const int64_t every = int64_t{options.cache.snapshot_every_pages} * engine.states().page_size();
+    bool ends_in_message = false;
     for (int64_t p = every; every > 0 && p < size; p += every) seq.points.push_back(p);
     if (im_start) {
       // Where the last message starts (the generation prompt), and where the second one does:
       // the end of a system prompt (and tools) other conversations share.
       const auto last = std::find(prompt.rbegin(), prompt.rend(), *im_start);
-      if (last != prompt.rend()) seq.points.push_back(prompt.rend() - last - 1);
+      if (last != prompt.rend()) {
+        seq.points.push_back(prompt.rend() - last - 1);
+        ends_in_message = true;
+      }
       const auto first = std::find(prompt.begin(), prompt.end(), *im_start);
       if (first != prompt.end()) {
         const auto second = std::find(first + 1, prompt.end(), *im_start);
         if (second != prompt.end()) seq.points.push_back(second - prompt.begin());
       }
     }
-    seq.points.push_back(size);
+    // The prompt's end only when it is not the generation prompt after a message: that one is a
+    // few tokens past the last <|im_start|>, and a snapshot there would hold a page of its own.
+    if (!ends_in_message) seq.points.push_back(size);
     std::sort(seq.points.begin(), seq.points.end());
     seq.points.erase(std::unique(seq.points.begin(), seq.points.end()), seq.points.end());
     seq.points.erase(seq.points.begin(),

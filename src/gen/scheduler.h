@@ -87,8 +87,9 @@ struct SchedulerOptions {
   // budget), then prompt chunks in admission order up to it.
   int step_tokens = 512;
   // The prefix cache (gen/prefix_cache.h): a sequence resumes from the longest cached prefix of
-  // its prompt. Snapshots are taken at the end of each prompt, where its last message starts
-  // (<|im_start|>: where the next turn's history diverges when the template rewrites the reply),
+  // its prompt. Snapshots are taken where the prompt's last message starts (<|im_start|>: where
+  // the next turn's history diverges when the template rewrites the reply; a prompt without one:
+  // at its end),
   // where its second message starts (the end of a system prompt other conversations share),
   // every cache.snapshot_every_pages KV pages inside long prompts, and at the end of each reply.
   // A prompt chunk ends at each of those positions (a snapshot is taken between steps).
