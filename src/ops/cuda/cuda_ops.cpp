@@ -714,7 +714,8 @@ class CudaOps final : public Ops {
               .page_tables = reinterpret_cast<const int32_t*>(dev + pt_off),
               .page_table_stride = l.page_table_stride,
               .max_tokens = 0,
-              .max_span_count = max_count};
+              .max_span_count = max_count,
+              .deltanet_mode = l.deltanet_mode};
     // A graph bakes in these addresses: the offsets follow from n, n_spans and n_output_rows (part
     // of its key), the buffer's address from layout_generation_.
   }

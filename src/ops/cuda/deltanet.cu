@@ -15,9 +15,11 @@
 // The extra kernel boundary costs about 1 us per layer (NOTES-gpu.md); the conv launch itself
 // moves n * C * 8 bytes.
 //
-// Both kernels are exact (no chunking): prefill runs the recurrence token by token. The chunked
-// tensor-core form for long spans is the next step.
+// Both kernels are exact (no chunking): prefill runs the recurrence token by token. With
+// QWENRT_CUDA_CHUNKED=1, long spans take the chunked form instead (deltanet_chunked.cu; opt-in
+// until it has been checked on a GPU).
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "ops/cuda/check.h"
@@ -403,11 +405,28 @@ void launch_delta(const DeviceStep& step, const DeltaParams& prm, cudaStream_t s
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
+
+// Spans this long or longer take the chunked form (when it is enabled).
+constexpr int64_t kChunkedMinTokens = 64;
+
+bool use_chunked(const DeviceStep& step, const DeltaNetArgs& args) {
+  const char* v = std::getenv("QWENRT_CUDA_CHUNKED");  // read per call: tests switch it
+  const bool enabled = v && std::string(v) == "1";
+  if (!enabled || !deltanet_chunked_supported(args.head_dim)) return false;
+  if (step.deltanet_mode == DeltaNetMode::kRecurrent) return false;
+  return step.deltanet_mode == DeltaNetMode::kChunked || step.max_span_count >= kChunkedMinTokens;
+}
+
+int64_t mixed_bytes(const DeviceStep& step, const DeltaNetArgs& args) {
+  // The conv output `mixed` [n, C], rounded up to keep whatever follows 256-byte aligned.
+  return (step.n * channels(args) * int64_t{sizeof(float)} + 255) / 256 * 256;
+}
+
 }  // namespace
 
 int64_t deltanet_workspace_bytes(const DeviceStep& step, const DeltaNetArgs& args) {
-  // The conv output `mixed` [n, C], rounded up to keep whatever follows 256-byte aligned.
-  return (step.n * channels(args) * int64_t{sizeof(float)} + 255) / 256 * 256;
+  return mixed_bytes(step, args) +
+         (use_chunked(step, args) ? deltanet_chunked_workspace_bytes(step, args) : 0);
 }
 
 void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
@@ -451,6 +470,13 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
     default:
       launch_conv<8>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
       break;
+  }
+  if (use_chunked(step, args)) {
+    deltanet_chunked(step, args, mixed, C, f32_device_data(args.dt_bias, Hv, "ssm_dt.bias"),
+                     f32_device_data(args.a, Hv, "ssm_a"),
+                     f32_device_data(args.norm, D, "ssm_norm"),
+                     static_cast<uint8_t*>(workspace) + mixed_bytes(step, args), stream);
+    return;
   }
   const DeltaParams prm{.spans = step.spans,
                         .mixed = mixed,

@@ -53,6 +53,7 @@ struct DeviceStep {
   // (page_table_stride * page_size), and max_span_count bounds every span's count.
   int64_t max_tokens = 0;
   int64_t max_span_count = 0;
+  DeltaNetMode deltanet_mode = DeltaNetMode::kAuto;  // how DeltaNet layers run long spans
 };
 
 // ---- Matmul (matmul.cu) ----
@@ -146,9 +147,20 @@ void attention(const DeviceStep& step, const AttentionArgs& args, void* workspac
 // Ops::deltanet for every span (ref::deltanet_spans): conv1d + SiLU with the slot's conv state,
 // L2 norms, gates, the gated delta rule with the slot's state, gated RMSNorm. The args' weights
 // (conv, dt_bias, a, norm) are F32 tensors placed in device memory.
+// Spans run the recurrence token by token, or (QWENRT_CUDA_CHUNKED=1, head_dim 64 or 128, a span
+// of kChunkedMinTokens or more, or the step's mode kChunked) the chunked form of
+// deltanet_chunked.cu. The chunked kernels are opt-in until they have been checked on a GPU.
 int64_t deltanet_workspace_bytes(const DeviceStep& step, const DeltaNetArgs& args);
 void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
               cudaStream_t stream);
+// The chunked delta rule over every span (deltanet_chunked.cu), after the conv of deltanet.cu
+// wrote `mixed`; its workspace holds the normalised q, k, the gates, U / W and each chunk's start
+// state.
+bool deltanet_chunked_supported(int head_dim);
+int64_t deltanet_chunked_workspace_bytes(const DeviceStep& step, const DeltaNetArgs& args);
+void deltanet_chunked(const DeviceStep& step, const DeltaNetArgs& args, const float* mixed,
+                      int64_t C, const float* dt_bias, const float* a, const float* norm,
+                      void* workspace, cudaStream_t stream);
 
 // ---- MoE routing (moe.cu) ----
 // ref::moe_route on logits [n, n_expert]: ids / weights [n, k]; with gate_inp [dim] (else null)
