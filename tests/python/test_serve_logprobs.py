@@ -20,7 +20,6 @@ Usage: test_serve_logprobs.py --qwenrt PATH/qwenrt [--tool ...]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -31,7 +30,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_serve_openai import MODEL, Server, check, failures  # noqa: E402
+from test_serve_openai import (MODEL, Server, check, finish,  # noqa: E402
+                               test_args)
 
 # (chosen token, top 5) tolerances, absolute. ref: the oracle; prefill and decode do the same
 # float32 sums, so the server and `qwenrt logits` agree to rounding (measured: 4e-6 over 48
@@ -165,20 +165,14 @@ def run_backend(qwenrt, backend, vocab):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--qwenrt", required=True)
-    ap.add_argument("--tool")
-    args = ap.parse_args()
-    for name in ("no_proxy", "NO_PROXY"):
-        os.environ[name] = ",".join(filter(None, ["127.0.0.1,localhost", os.environ.get(name)]))
+    args = test_args()
     t0 = time.time()
     vocab = vocab_bytes()
     check("vocabulary: byte strings are distinct",
           len(set(vocab)) == len(vocab), len(vocab) - len(set(vocab)))
     for backend in ("ref", "cpu"):
         run_backend(args.qwenrt, backend, vocab)
-    print(f"{len(failures)} failures, {time.time() - t0:.1f}s")
-    sys.exit(1 if failures else 0)
+    finish(t0)
 
 
 if __name__ == "__main__":

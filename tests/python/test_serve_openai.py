@@ -55,6 +55,24 @@ def check(name, ok, detail=""):
     return ok
 
 
+def test_args():
+    """The command line every serve test takes (--qwenrt, --tool from ctest); loopback requests
+    never go through a proxy the environment sets."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qwenrt", required=True)
+    ap.add_argument("--tool")
+    args = ap.parse_args()
+    for name in ("no_proxy", "NO_PROXY"):
+        os.environ[name] = ",".join(filter(None, ["127.0.0.1,localhost", os.environ.get(name)]))
+    return args
+
+
+def finish(t0):
+    """The count of failed checks, and the exit status that says whether there were any."""
+    print(f"{len(failures)} failures, {time.time() - t0:.1f}s")
+    sys.exit(1 if failures else 0)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -538,12 +556,7 @@ def auth_and_shutdown_checks(qwenrt):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--qwenrt", required=True)
-    ap.add_argument("--tool")
-    args = ap.parse_args()
-    for name in ("no_proxy", "NO_PROXY"):  # loopback never through a proxy
-        os.environ[name] = ",".join(filter(None, ["127.0.0.1,localhost", os.environ.get(name)]))
+    args = test_args()
     import openai
     print(f"openai {openai.__version__}")
     t0 = time.time()
@@ -561,8 +574,7 @@ def main():
         rc = server.stop()
     check("server: exit 0 on SIGTERM", rc == 0, rc)
     auth_and_shutdown_checks(args.qwenrt)
-    print(f"{len(failures)} failures, {time.time() - t0:.1f}s")
-    sys.exit(1 if failures else 0)
+    finish(t0)
 
 
 if __name__ == "__main__":

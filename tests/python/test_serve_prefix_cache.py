@@ -12,13 +12,13 @@ Usage: test_serve_prefix_cache.py --qwenrt PATH/qwenrt [--tool ...]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_serve_openai import GET_TIME, Server, check, failures  # noqa: E402
+from test_serve_openai import (GET_TIME, Server, check, finish,  # noqa: E402
+                               test_args)
 
 PAGE = 64
 SYSTEM = ("You are a careful assistant. You answer in one short sentence, you check the local "
@@ -118,17 +118,11 @@ def anthropic_checks(qwenrt):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--qwenrt", required=True)
-    ap.add_argument("--tool")
-    args = ap.parse_args()
-    for name in ("no_proxy", "NO_PROXY"):  # loopback never through a proxy
-        os.environ[name] = ",".join(filter(None, ["127.0.0.1,localhost", os.environ.get(name)]))
+    args = test_args()
     t0 = time.time()
     openai_checks(args.qwenrt)
     anthropic_checks(args.qwenrt)
-    print(f"{len(failures)} failures, {time.time() - t0:.1f}s")
-    sys.exit(1 if failures else 0)
+    finish(t0)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,14 @@ Usage: test_serve_responses.py --qwenrt PATH/qwenrt [--tool ...]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_serve_openai import Server, check, failures, rendered_prompt_tokens  # noqa: E402
+from test_serve_openai import (Server, check, finish,  # noqa: E402
+                               rendered_prompt_tokens, test_args)
 
 GET_TIME = {"type": "function", "name": "get_time", "description": "Get the local time in a city.",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -149,12 +149,7 @@ def error_checks(client, server):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--qwenrt", required=True)
-    ap.add_argument("--tool")
-    args = ap.parse_args()
-    for name in ("no_proxy", "NO_PROXY"):  # loopback never through a proxy
-        os.environ[name] = ",".join(filter(None, ["127.0.0.1,localhost", os.environ.get(name)]))
+    args = test_args()
     import openai
     print(f"openai {openai.__version__}")
     t0 = time.time()
@@ -168,8 +163,7 @@ def main():
     finally:
         rc = server.stop()
     check("server: exit 0 on SIGTERM", rc == 0, rc)
-    print(f"{len(failures)} failures, {time.time() - t0:.1f}s")
-    sys.exit(1 if failures else 0)
+    finish(t0)
 
 
 if __name__ == "__main__":
