@@ -82,6 +82,25 @@ __device__ bool find_chunk(const ChunkParams& p, int index, Span& span, int& c) 
   return false;
 }
 
+// The chunk's [kL][kL] dot products of rows of a with rows of b (both [kL][kD + 1] in shared
+// memory): thread = (row t, 16 columns s), each product handed to put(t, s, dot).
+template <int kD, typename Put>
+__device__ __forceinline__ void gram_rows(const float* a, const float* b, Put put) {
+  static_assert(kThreads == kL * 4, "four threads a row, 16 columns each");
+  const int t = threadIdx.x / 4, s_begin = (threadIdx.x % 4) * 16;
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0;
+  const float* at = a + t * (kD + 1);
+  for (int r = 0; r < kD; ++r) {
+    const float x = at[r];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = fmaf(x, b[(s_begin + i) * (kD + 1) + r], acc[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) put(t, s_begin + i, acc[i]);
+}
+
 // ---- 1. prep ----
 template <int kD>
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(const ChunkParams p) {
@@ -162,24 +181,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(const ChunkParams 
   __syncthreads();
   if (tid < len) p.g[(row0 + tid) * p.Hv + h] = s_g[tid];
 
-  // M: thread = (row t, 16 columns s).
-  {
-    const int t = tid / 4, s_begin = (tid % 4) * 16;
-    float acc[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i] = 0;
-    const float* kt = sk + t * (kD + 1);
-    for (int r = 0; r < kD; ++r) {
-      const float x = kt[r];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) acc[i] = fmaf(x, sk[(s_begin + i) * (kD + 1) + r], acc[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int s = s_begin + i;
-      sM[t * (kL + 1) + s] = s < t ? s_b[t] * expf(s_g[t] - s_g[s]) * acc[i] : 0.0f;
-    }
-  }
+  // M = beta_t exp(g_t - g_s) (k^ k^T) below the diagonal.
+  gram_rows<kD>(sk, sk, [&](int t, int s, float dot) {
+    sM[t * (kL + 1) + s] = s < t ? s_b[t] * expf(s_g[t] - s_g[s]) * dot : 0.0f;
+  });
   __syncthreads();
 
   // U and W: a thread per column of [beta v | beta Gamma k^], solved down the chunk's rows.
@@ -300,25 +305,13 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(const ChunkParam
   }
   if (tid < kL) s_g[tid] = tid < len ? p.g[(row0 + tid) * p.Hv + h] : 0.0f;
   __syncthreads();
-  {
-    const int t = tid / 4, s_begin = (tid % 4) * 16;
-    float acc[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i] = 0;
-    const float* qt = sQ + t * (kD + 1);
-    for (int r = 0; r < kD; ++r) {
-      const float x = qt[r];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) acc[i] = fmaf(x, sK[(s_begin + i) * (kD + 1) + r], acc[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int s = s_begin + i;
-      sA[t * (kL + 1) + s] = s <= t && t < len ? expf(s_g[t] - s_g[s]) * acc[i] : 0.0f;
-    }
-  }
+  // A = exp(g_t - g_s) (q^ k^T) on and below the diagonal.
+  gram_rows<kD>(sQ, sK, [&](int t, int s, float dot) {
+    sA[t * (kL + 1) + s] = s <= t && t < len ? expf(s_g[t] - s_g[s]) * dot : 0.0f;
+  });
   const float scale = rsqrtf(static_cast<float>(kD));
-  float o[kD / kCols][8];
+  float o[kD / kCols][8];  // unrolled tiles: o stays in registers
+#pragma unroll
   for (int tile = 0; tile < kD / kCols; ++tile) {
     __syncthreads();  // sA written; the previous tile's reads of sS, sDn done
     const int col0 = tile * kCols;
