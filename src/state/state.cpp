@@ -38,7 +38,7 @@ void Snapshot::release() {
     for (int32_t p : pages_[t]) store_->unref(store_->tracks_[t], p);
     pages_[t].clear();
   }
-  if (recurrent_) store_->backend_.free_buffer(recurrent_);
+  if (recurrent_) store_->give_state_buffer(recurrent_);
   recurrent_ = nullptr;
   host_.clear();
   host_.shrink_to_fit();
@@ -89,7 +89,23 @@ StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, 
 }
 
 StateStore::~StateStore() {
+  for (void* b : spare_states_) backend_.free_buffer(b);
   for (void* b : buffers_) backend_.free_buffer(b);
+}
+
+void* StateStore::take_state_buffer() {
+  if (spare_states_.empty()) return backend_.alloc_buffer(recurrent_bytes());
+  void* b = spare_states_.back();
+  spare_states_.pop_back();
+  return b;  // not zeroed: snapshot() overwrites all of it
+}
+
+void StateStore::give_state_buffer(void* buffer) {
+  if (spare_states_.size() < kSpareStates) {
+    spare_states_.push_back(buffer);
+  } else {
+    backend_.free_buffer(buffer);
+  }
 }
 
 void StateStore::check_slot(int slot) const {
@@ -189,7 +205,7 @@ Snapshot StateStore::snapshot(int slot) {
   Snapshot s;
   s.store_ = this;
   if (const int64_t bytes = recurrent_bytes(); bytes > 0) {
-    s.recurrent_ = backend_.alloc_buffer(bytes);
+    s.recurrent_ = take_state_buffer();
     s.state_bytes_ = bytes;
     auto* dst = static_cast<float*>(s.recurrent_);
     for (const auto& r : recurrent_) {
@@ -270,7 +286,7 @@ void StateStore::spill(Snapshot& s) {
   s.host_.resize(static_cast<size_t>(s.state_bytes_ / int64_t{sizeof(float)}));
   backend_.download(static_cast<const float*>(s.recurrent_), s.host_.data(),
                     static_cast<int64_t>(s.host_.size()));
-  backend_.free_buffer(s.recurrent_);
+  give_state_buffer(s.recurrent_);
   s.recurrent_ = nullptr;
 }
 

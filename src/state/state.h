@@ -118,6 +118,10 @@ class StateStore {
   void unref(TrackState& t, int32_t page);
   void copy_page(const TrackState& t, int32_t from, int32_t to);
   void release_pages(int slot, Track track);
+  // Snapshots' recurrent buffers, a few kept for reuse: a CUDA allocation and free each
+  // synchronise the device, and the prefix cache takes and drops snapshots every request.
+  void* take_state_buffer();
+  void give_state_buffer(void* buffer);
 
   ops::Ops& backend_;
   int n_slots_;
@@ -129,6 +133,8 @@ class StateStore {
   std::vector<ops::KvLayer> kv_;                // per state layer (empty for DeltaNet)
   std::vector<ops::RecurrentLayer> recurrent_;  // per state layer (empty for attention)
   std::vector<void*> buffers_;                  // every backend buffer this store owns
+  std::vector<void*> spare_states_;             // at most kSpareStates, recurrent_bytes() each
+  static constexpr size_t kSpareStates = 2;
   TrackState tracks_[2];
 };
 
