@@ -63,7 +63,8 @@ int run_serve(const ServeCliOptions& opt) {
     if (const char* key = std::getenv("QWENRT_API_KEY")) so.api_key = key;
   so.request_timeout = opt.timeout;
   so.prefix_cache = opt.prefix_cache == "on";
-  so.engine.cache_kv_bytes = so.prefix_cache ? (opt.cache_kv_mb < 0 ? -1 : opt.cache_kv_mb << 20) : 0;
+  so.engine.cache_kv_bytes =
+      so.prefix_cache ? (opt.cache_kv_mb < 0 ? -1 : opt.cache_kv_mb << 20) : 0;
   so.cache.state_bytes = opt.cache_state_mb << 20;
   so.cache.host_bytes = opt.cache_host_mb << 20;
   so.cache.snapshot_every_pages = opt.cache_snapshot_pages;

@@ -136,7 +136,8 @@ chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking,
   std::fflush(stdout);
   // Prompt speed over the tokens prefilled (those restored from the prefix cache cost none).
   const int64_t prefilled = last.n_prompt - last.n_cached;
-  fmt::print(stderr, "[prompt {} tokens{}, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s | {}]\n",
+  fmt::print(stderr,
+             "[prompt {} tokens{}, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s | {}]\n",
              last.n_prompt, last.n_cached > 0 ? fmt::format(" ({} cached)", last.n_cached) : "",
              prefilled / std::max(last.prompt_seconds, 1e-9), last.n_generated,
              last.n_generated / std::max(last.generate_seconds, 1e-9),

@@ -88,7 +88,8 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   if (cache_bytes < 0) {
     // Room for several conversations per slot (a server interleaves more of them than it runs
     // at once). Host backends commit the pages only as they are used.
-    const int64_t own = int64_t{options.n_slots} * ((n_ctx + kPageSize - 1) / kPageSize) * page_bytes;
+    const int64_t own =
+        int64_t{options.n_slots} * ((n_ctx + kPageSize - 1) / kPageSize) * page_bytes;
     cache_bytes = std::min<int64_t>(8 * own, int64_t{4} << 30);
   }
   const int64_t extra_pages = page_bytes > 0 ? cache_bytes / page_bytes : 0;

@@ -113,9 +113,8 @@ void PrefixCache::insert(int slot, std::span<const int32_t> tokens) {
     entries_.splice(entries_.begin(), entries_, it);
     return;
   }
-  entries_.push_front(Entry{.tokens = {tokens.begin(), tokens.end()},
-                            .key = key,
-                            .snapshot = store_.snapshot(slot)});
+  entries_.push_front(Entry{
+      .tokens = {tokens.begin(), tokens.end()}, .key = key, .snapshot = store_.snapshot(slot)});
   by_key_.emplace(key, entries_.begin());
   if (std::find(lengths_.begin(), lengths_.end(), n) == lengths_.end()) {
     lengths_.insert(std::upper_bound(lengths_.begin(), lengths_.end(), n, std::greater<>()), n);

@@ -62,7 +62,7 @@ struct Sequence {
   // a prompt chunk ends at each.
   std::vector<int64_t> points;
   size_t next_point = 0;
-  int64_t position = 0;     // where the next fed token goes
+  int64_t position = 0;  // where the next fed token goes
   // Decoding: the accepted tokens the next step feeds; a run of forced tokens goes in at once
   // (one step, its last row sampling), not a step per token.
   std::vector<int32_t> feed;
@@ -233,8 +233,7 @@ void Scheduler::Impl::admit(Sequence& seq) {
     if (!ends_in_message) seq.points.push_back(size);
     std::sort(seq.points.begin(), seq.points.end());
     seq.points.erase(std::unique(seq.points.begin(), seq.points.end()), seq.points.end());
-    seq.points.erase(seq.points.begin(),
-                     std::upper_bound(seq.points.begin(), seq.points.end(), n));
+    seq.points.erase(seq.points.begin(), std::upper_bound(seq.points.begin(), seq.points.end(), n));
   }
   // What the reply starts with when it starts outside a think block, or when a zero budget
   // closes the block at once.
@@ -258,8 +257,7 @@ bool Scheduler::Impl::worth_waiting(const Sequence& seq) const {
     // r's last snapshot point within the shared prefix, not reached yet.
     for (auto p = r->points.rbegin(); p != r->points.rend(); ++p) {
       if (*p > usable) continue;
-      if (*p > static_cast<int64_t>(r->n_prompt_fed) &&
-          *p >= have + engine.states().page_size())
+      if (*p > static_cast<int64_t>(r->n_prompt_fed) && *p >= have + engine.states().page_size())
         return true;
       break;
     }
@@ -271,8 +269,8 @@ bool Scheduler::Impl::worth_waiting(const Sequence& seq) const {
 // so far (the last accepted one is not fed yet).
 void Scheduler::Impl::cache_reply(Sequence& seq) {
   const auto n_prompt = static_cast<int64_t>(seq.params.prompt.size());
-  const int64_t n_fed = std::min<int64_t>(seq.position - n_prompt,
-                                          static_cast<int64_t>(seq.generated.size()));
+  const int64_t n_fed =
+      std::min<int64_t>(seq.position - n_prompt, static_cast<int64_t>(seq.generated.size()));
   if (n_fed <= 0 || seq.prefilling()) return;
   std::vector<int32_t> tokens(seq.params.prompt);
   tokens.insert(tokens.end(), seq.generated.begin(), seq.generated.begin() + n_fed);
