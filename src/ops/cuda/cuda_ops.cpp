@@ -21,7 +21,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "ops/cuda/check.h"
+#include "ops/cuda/device_memory.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/op_profiler.h"
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
@@ -29,158 +31,18 @@
 namespace qwenrt::ops {
 namespace {
 
+using cuda::DeviceArena;
+using cuda::DeviceBuffer;
 using cuda::Matrix;
+using namespace cuda::op_class;
+using cuda::PinnedBuffer;
+using cuda::round_up;
 
 bool env_flag(const char* name, bool fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   return std::strcmp(v, "0") != 0;
 }
-
-int64_t round_up(int64_t v, int64_t to) {
-  return (v + to - 1) / to * to;
-}
-
-// Device bump allocator: like the cpu backend's arena, a step that outgrows the current block
-// gets a new one and the next reset merges them. generation() changes whenever addresses change
-// (a captured graph is valid only for the generation it was captured in).
-class DeviceArena {
- public:
-  ~DeviceArena() {
-    for (auto& b : blocks_) cudaFree(b.data);
-  }
-  void* take(int64_t bytes) {
-    bytes = round_up(std::max<int64_t>(bytes, 1), 256);
-    if (blocks_.empty() || blocks_.back().used + bytes > blocks_.back().size) {
-      const int64_t size =
-          std::max<int64_t>(bytes, blocks_.empty() ? int64_t{64} << 20 : 2 * blocks_.back().size);
-      void* p = nullptr;
-      if (cudaMalloc(&p, static_cast<size_t>(size)) != cudaSuccess) {
-        cudaGetLastError();
-        fail("cuda backend: out of device memory allocating a {}-byte workspace", size);
-      }
-      blocks_.push_back({static_cast<uint8_t*>(p), size, 0});
-      ++generation_;
-    }
-    Block& b = blocks_.back();
-    void* p = b.data + b.used;
-    b.used += bytes;
-    return p;
-  }
-  // Scratch use (one op's workspace at a time): the next take starts at the newest block's start
-  // again. Ops on one stream run one after another, so each reuses the same memory; a bigger need
-  // gets a bigger block, the older ones are freed by the next reset.
-  void rewind() {
-    if (!blocks_.empty()) blocks_.back().used = 0;
-  }
-  // A point in the arena, and giving back what was taken after it (a layer's temporaries). Ops
-  // are stream-ordered, so the next take may reuse the memory at once. A block added after the
-  // mark is emptied whole; the blocks between stay taken until the next reset merges them.
-  int64_t mark() const {
-    const int64_t used = blocks_.empty() ? 0 : blocks_.back().used;
-    return (static_cast<int64_t>(blocks_.size()) << kMarkShift) | used;
-  }
-  void release(int64_t mark) {
-    if (blocks_.empty()) return;
-    const auto n_blocks = static_cast<size_t>(mark >> kMarkShift);
-    const int64_t used = mark & ((int64_t{1} << kMarkShift) - 1);
-    Block& last = blocks_.back();
-    if (n_blocks == blocks_.size()) {
-      if (used <= last.used) last.used = used;
-    } else {
-      last.used = 0;
-    }
-  }
-  // Callers synchronise first when blocks may be freed (a merge).
-  bool needs_merge() const { return blocks_.size() > 1; }
-  void reset() {
-    if (blocks_.size() > 1) {
-      int64_t total = 0;
-      for (auto& b : blocks_) {
-        total += b.size;
-        QWENRT_CUDA_CHECK(cudaFree(b.data));
-      }
-      blocks_.clear();
-      void* p = nullptr;
-      QWENRT_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(total)));
-      blocks_.push_back({static_cast<uint8_t*>(p), total, 0});
-      ++generation_;
-    }
-    if (!blocks_.empty()) blocks_.back().used = 0;
-  }
-  uint64_t generation() const { return generation_; }
-
- private:
-  static constexpr int kMarkShift = 44;  // a mark: block count above, bytes used in the last below
-  struct Block {
-    uint8_t* data;
-    int64_t size;
-    int64_t used;
-  };
-  std::vector<Block> blocks_;
-  uint64_t generation_ = 0;
-};
-
-// Pinned host memory that grows (contents are not kept across growth).
-class PinnedBuffer {
- public:
-  ~PinnedBuffer() {
-    if (data_) cudaFreeHost(data_);
-  }
-  uint8_t* get(int64_t bytes) {
-    if (bytes > size_) {
-      if (data_) QWENRT_CUDA_CHECK(cudaFreeHost(data_));
-      size_ = round_up(std::max<int64_t>(bytes, 4096), 4096);
-      void* p = nullptr;
-      QWENRT_CUDA_CHECK(cudaMallocHost(&p, static_cast<size_t>(size_)));
-      data_ = static_cast<uint8_t*>(p);
-    }
-    return data_;
-  }
-
- private:
-  uint8_t* data_ = nullptr;
-  int64_t size_ = 0;
-};
-
-// Device memory that grows (contents are not kept across growth); grew() says the address changed.
-class DeviceBuffer {
- public:
-  ~DeviceBuffer() {
-    if (data_) cudaFree(data_);
-  }
-  uint8_t* get(int64_t bytes, bool* grew = nullptr) {
-    if (bytes > size_) {
-      if (data_) QWENRT_CUDA_CHECK(cudaFree(data_));
-      size_ = round_up(std::max<int64_t>(bytes * 2, 4096), 4096);
-      void* p = nullptr;
-      QWENRT_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(size_)));
-      data_ = static_cast<uint8_t*>(p);
-      if (grew) *grew = true;
-    }
-    return data_;
-  }
-
- private:
-  uint8_t* data_ = nullptr;
-  int64_t size_ = 0;
-};
-
-const char* const kOpClasses[] = {"embed",     "matmul",   "norm", "rope", "elementwise",
-                                  "attention", "deltanet", "moe",  "ffn",  "sample"};
-enum OpClass {
-  kEmbed,
-  kMatmul,
-  kNorm,
-  kRope,
-  kElementwise,
-  kAttention,
-  kDeltaNet,
-  kMoe,
-  kFfn,
-  kSample,
-  kNumClasses
-};
 
 class CudaOps final : public Ops {
  public:
@@ -206,15 +68,11 @@ class CudaOps final : public Ops {
 
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);
-    if (profile_) print_profile();
+    if (profile_) profiler_.print();
     for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
     for (void* p : buffers_) cudaFree(p);
     for (void* p : weight_chunks_) cudaFree(p);
     for (auto& e : stage_done_) cudaEventDestroy(e);
-    for (auto& p : profile_events_) {
-      cudaEventDestroy(p.start);
-      cudaEventDestroy(p.stop);
-    }
     cudaEventDestroy(fork_);
     cudaEventDestroy(join_);
     cudaStreamDestroy(side_);
@@ -282,7 +140,7 @@ class CudaOps final : public Ops {
     QWENRT_CUDA_CHECK(
         cudaMemcpyAsync(host, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
     QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    collect_profile();
+    if (profile_) profiler_.collect();
   }
 
   bool copies_weights() const override { return true; }
@@ -601,7 +459,7 @@ class CudaOps final : public Ops {
     QWENRT_CUDA_CHECK(cudaMemcpyAsync(hout, dout, static_cast<size_t>(out_bytes),
                                       cudaMemcpyDeviceToHost, stream_));
     QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    collect_profile();
+    if (profile_) profiler_.collect();
     for (int64_t i = 0; i < n_rows; ++i) {
       if (hout[i].id < 0) fail("sampling: every token was excluded");
       out[i] = hout[i];
@@ -626,14 +484,14 @@ class CudaOps final : public Ops {
 
   // Times one op with events when profiling.
   struct Scope {
-    Scope(CudaOps* ops, OpClass c) : ops_(ops), class_(c) {
-      if (ops_->profile_) ops_->profile_begin(c);
+    Scope(CudaOps* ops, cuda::OpClass c) : ops_(ops), class_(c) {
+      if (ops_->profile_) ops_->profiler_.begin(c, ops_->stream_);
     }
     ~Scope() {
-      if (ops_->profile_) ops_->profile_end();
+      if (ops_->profile_) ops_->profiler_.end(ops_->stream_);
     }
     CudaOps* ops_;
-    OpClass class_;
+    cuda::OpClass class_;
   };
 
   Matrix matrix(const Weight& w) const {
@@ -808,52 +666,6 @@ class CudaOps final : public Ops {
     mode_ = Mode::kEager;
   }
 
-  // ---- Profiling ----
-  struct ProfileEvent {
-    cudaEvent_t start, stop;
-    OpClass op;
-  };
-  void profile_begin(OpClass c) {
-    if (profile_used_ == profile_events_.size()) {
-      ProfileEvent e{};
-      QWENRT_CUDA_CHECK(cudaEventCreate(&e.start));
-      QWENRT_CUDA_CHECK(cudaEventCreate(&e.stop));
-      profile_events_.push_back(e);
-    }
-    ProfileEvent& e = profile_events_[profile_used_];
-    e.op = c;
-    QWENRT_CUDA_CHECK(cudaEventRecord(e.start, stream_));
-  }
-  void profile_end() {
-    QWENRT_CUDA_CHECK(cudaEventRecord(profile_events_[profile_used_].stop, stream_));
-    ++profile_used_;
-  }
-  void collect_profile() {
-    if (!profile_) return;
-    for (size_t i = 0; i < profile_used_; ++i) {
-      float ms = 0;
-      QWENRT_CUDA_CHECK(
-          cudaEventElapsedTime(&ms, profile_events_[i].start, profile_events_[i].stop));
-      profile_ms_[profile_events_[i].op] += ms;
-      ++profile_calls_[profile_events_[i].op];
-    }
-    if (profile_used_) ++profile_steps_;
-    profile_used_ = 0;
-  }
-  void print_profile() const {
-    double total = 0;
-    for (double ms : profile_ms_) total += ms;
-    std::string text =
-        fmt::format("cuda profile: {} steps, {:.3f} ms of ops\n", profile_steps_, total);
-    for (int c = 0; c < kNumClasses; ++c) {
-      if (!profile_calls_[c]) continue;
-      text += fmt::format("  {:<12} {:>10.3f} ms {:>5.1f}% {:>8} calls\n", kOpClasses[c],
-                          profile_ms_[c], total > 0 ? 100 * profile_ms_[c] / total : 0.0,
-                          profile_calls_[c]);
-    }
-    std::fputs(text.c_str(), stderr);
-  }
-
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   // A second stream for work beside the main one inside a step (forked from and joined back into
@@ -897,11 +709,7 @@ class CudaOps final : public Ops {
   int64_t op_count_ = 0;
 
   bool profile_ = false;
-  std::vector<ProfileEvent> profile_events_;
-  size_t profile_used_ = 0;
-  double profile_ms_[kNumClasses] = {};
-  int64_t profile_calls_[kNumClasses] = {};
-  int64_t profile_steps_ = 0;
+  cuda::OpProfiler profiler_;
 };
 
 }  // namespace
