@@ -50,8 +50,6 @@ class PrefixCache {
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
-  const PrefixCacheOptions& options() const { return options_; }
-
   // The longest cached prefix of `prompt` that is shorter than it (one token at least is left to
   // prefill, for the logits it gives): restored into `slot`, its length returned. 0: no entry,
   // the slot is left as it was.

@@ -79,7 +79,8 @@ std::string Metrics::render(const MetricsSnapshot& s) const {
         static_cast<double>(s.scheduler.kv_pages_cached));
   gauge("qwenrt_prefix_cache_entries", "Prefix cache entries (snapshots)",
         static_cast<double>(c.entries));
-  gauge("qwenrt_prefix_cache_state_bytes", "Recurrent state the prefix cache holds in backend memory",
+  gauge("qwenrt_prefix_cache_state_bytes",
+        "Recurrent state the prefix cache holds in backend memory",
         static_cast<double>(c.state_bytes));
   gauge("qwenrt_prefix_cache_host_bytes", "Recurrent state the prefix cache spilled to host memory",
         static_cast<double>(c.host_bytes));

@@ -203,8 +203,9 @@ void Pending<Reply>::finish() {
   fmt::print(stderr,
              "serve: {} {} {} prompt {} cached {} gen {} ttft {:.3f}s {:.1f} tok/s total {:.3f}s "
              "finish {}\n",
-             id, endpoint, status, usage.prompt, usage.cached, usage.completion, std::max(ttft, 0.0),
-             usage.completion / std::max(generate_seconds, 1e-9), total, reply.finish_reasons());
+             id, endpoint, status, usage.prompt, usage.cached, usage.completion,
+             std::max(ttft, 0.0), usage.completion / std::max(generate_seconds, 1e-9), total,
+             reply.finish_reasons());
 }
 
 // A request path without the /v1 prefix and trailing slashes: "/v1/messages/" -> "/messages".
@@ -518,13 +519,13 @@ void Server::load() {
   s.model.checkpoint = s.engine->identity().checkpoint;
   s.model.n_ctx = s.engine->states().n_ctx();
   s.model.n_vocab = s.tokenizer->n_vocab();
-  s.model.defaults = gen::to_json(gen::checkpoint_defaults(
-      s.engine->identity(), s.tokenizer.get(), s.engine->config().n_layer_nextn));
-  s.scheduler = std::make_unique<gen::Scheduler>(
-      *s.engine, *s.tokenizer,
-      gen::SchedulerOptions{.max_queue = s.options.max_queue,
-                            .prefix_cache = s.options.prefix_cache,
-                            .cache = s.options.cache});
+  s.model.defaults = gen::to_json(gen::checkpoint_defaults(s.engine->identity(), s.tokenizer.get(),
+                                                           s.engine->config().n_layer_nextn));
+  s.scheduler =
+      std::make_unique<gen::Scheduler>(*s.engine, *s.tokenizer,
+                                       gen::SchedulerOptions{.max_queue = s.options.max_queue,
+                                                             .prefix_cache = s.options.prefix_cache,
+                                                             .cache = s.options.cache});
   s.services = {.scheduler = s.scheduler.get(),
                 .metrics = &s.metrics,
                 .request_timeout = s.options.request_timeout};
@@ -535,8 +536,9 @@ void Server::load() {
              chat::dialect_name(s.model.dialect), s.options.http.host, s.http->port());
   auto& st = s.engine->states();
   if (s.options.prefix_cache) {
-    const int64_t room = st.free_pages(state::Track::kTrunk) -
-                         int64_t{st.n_slots()} * ((st.n_ctx() + st.page_size() - 1) / st.page_size());
+    const int64_t room =
+        st.free_pages(state::Track::kTrunk) -
+        int64_t{st.n_slots()} * ((st.n_ctx() + st.page_size() - 1) / st.page_size());
     fmt::print(stderr,
                "serve: prefix cache on: KV room {} pages ({} MiB), snapshots {} MiB each, up to "
                "{} MiB in backend memory and {} MiB on the host, one every {} pages\n",

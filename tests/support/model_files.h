@@ -44,7 +44,9 @@ inline const std::string& temp_dir() {
 }
 
 // A path in temp_dir().
-inline std::string temp_path(const std::string& name) { return temp_dir() + "/" + name; }
+inline std::string temp_path(const std::string& name) {
+  return temp_dir() + "/" + name;
+}
 
 inline std::string write_tiny(model::Arch arch, const std::string& name,
                               std::function<void(model::SynthSpec&)> edit = nullptr) {

@@ -405,7 +405,6 @@ void launch_delta(const DeviceStep& step, const DeltaParams& prm, cudaStream_t s
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
-
 // Spans this long or longer take the chunked form (when it is enabled).
 constexpr int64_t kChunkedMinTokens = 64;
 

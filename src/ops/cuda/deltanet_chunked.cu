@@ -214,10 +214,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(const ChunkParams 
 template <int kD>
 __global__ void __launch_bounds__(kThreads) chunk_state_kernel(const ChunkParams p) {
   extern __shared__ float smem[];
-  float* sW = smem;                  // [kL][kD + 1]
-  float* sK = sW + kL * (kD + 1);    // [kL][kD + 1]: k^_t exp(g_L - g_t)
-  float* sS = sK + kL * (kD + 1);    // [kD][kCols]
-  float* sDn = sS + kD * kCols;      // [kL][kCols]
+  float* sW = smem;                // [kL][kD + 1]
+  float* sK = sW + kL * (kD + 1);  // [kL][kD + 1]: k^_t exp(g_L - g_t)
+  float* sS = sK + kL * (kD + 1);  // [kD][kCols]
+  float* sDn = sS + kD * kCols;    // [kL][kCols]
   const int h = blockIdx.x, hk = h % p.Hk, col0 = blockIdx.y * kCols;
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;  // column, row group (8 of them)
   int chunk_base = 0;
