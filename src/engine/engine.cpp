@@ -19,6 +19,7 @@ void Batch::clear() {
   positions.clear();
   slots.clear();
   want_logits.clear();
+  keep_states.clear();
 }
 
 void Engine::prefault_weights(const std::function<void(uint64_t, uint64_t)>& progress) {
@@ -93,13 +94,15 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     cache_bytes = std::min<int64_t>(8 * own, int64_t{4} << 30);
   }
   const int64_t extra_pages = page_bytes > 0 ? cache_bytes / page_bytes : 0;
+  if (options.verify_rows < 0 || options.verify_rows > 64)
+    fail("verify rows must be in [0, 64], got {}", options.verify_rows);
   states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx, *ops_, kPageSize,
-                                                extra_pages);
+                                                extra_pages, std::max(0, options.verify_rows - 1));
 }
 
 void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
                   const std::vector<int32_t>& slots, const std::vector<uint8_t>* want_output,
-                  state::Track track, bool ends_in_sample) {
+                  state::Track track, bool ends_in_sample, const std::vector<int32_t>* keep) {
   const size_t n = tokens.size();
   if (positions.size() != n || slots.size() != n || (want_output && want_output->size() != n)) {
     fail("batch: tokens, positions, slots and want_logits must have the same length");
@@ -137,6 +140,24 @@ void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>
     ++span.count;
     if (!want_output || (*want_output)[i]) output_rows_.push_back(static_cast<int32_t>(i));
   }
+  bool any_keep = false;
+  if (keep && !keep->empty()) {
+    kept_.clear();
+    for (int32_t slot : *keep) {
+      auto it = std::find_if(spans_.begin(), spans_.end(),
+                             [&](const ops::Span& s) { return s.slot == slot; });
+      if (it == spans_.end()) fail("batch: slot {} keeps its states but has no rows", slot);
+      if (it->count > std::max(1, options_.verify_rows)) {
+        fail("batch: slot {} checks {} rows; the engine keeps states for {} (verify_rows)", slot,
+             it->count, std::max(1, options_.verify_rows));
+      }
+      it->keep_states = 1;
+      any_keep = true;
+      kept_.push_back(*it);
+    }
+  } else if (track == state::Track::kTrunk) {
+    kept_.clear();
+  }
   for (const ops::Span& s : spans_) states_->reserve(s.slot, s.count, track);
   ops_->begin_step({.tokens = tokens.data(),
                     .positions = positions.data(),
@@ -148,7 +169,8 @@ void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>
                     .page_tables = states_->page_tables(track),
                     .page_table_stride = states_->page_table_stride(),
                     .deltanet_mode = options_.deltanet_mode,
-                    .ends_in_sample = ends_in_sample});
+                    .ends_in_sample = ends_in_sample,
+                    .keep_states = any_keep});
 }
 
 void Engine::advance(state::Track track) {
@@ -157,7 +179,7 @@ void Engine::advance(state::Track track) {
 
 arch::ForwardResult Engine::run(const Batch& batch, bool ends_in_sample) {
   plan(batch.tokens, batch.positions, batch.slots, &batch.want_logits, state::Track::kTrunk,
-       ends_in_sample);
+       ends_in_sample, &batch.keep_states);
   ops_->reset_workspace();
   const arch::ForwardResult r = model_->forward(*ops_, *states_, static_cast<int64_t>(batch.size()),
                                                 static_cast<int64_t>(output_rows_.size()));
@@ -204,6 +226,22 @@ void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> r
   const arch::ForwardResult r = run(batch, /*ends_in_sample=*/true);
   out.resize(output_rows_.size());
   if (!out.empty()) ops_->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
+}
+
+void Engine::rollback(int slot, int64_t n_tokens) {
+  auto it =
+      std::find_if(kept_.begin(), kept_.end(), [&](const ops::Span& s) { return s.slot == slot; });
+  if (it == kept_.end())
+    fail("rollback: slot {} kept no states in the last step (batch.keep_states)", slot);
+  const int64_t first = int64_t{it->n_past} + 1, last = int64_t{it->n_past} + it->count;
+  if (n_tokens < first || n_tokens > last) {
+    fail("rollback: slot {} can keep {}..{} tokens, not {}", slot, first, last, n_tokens);
+  }
+  if (n_tokens < last) {
+    states_->restore_history(slot, static_cast<int>(n_tokens - it->n_past - 1));
+    states_->truncate(slot, n_tokens, state::Track::kTrunk);
+  }
+  kept_.erase(it);  // once: the history may be overwritten by the next step
 }
 
 std::vector<float> Engine::mtp_step(const MtpBatch& batch) {

@@ -33,6 +33,10 @@ struct EngineOptions {
   // this many bytes of pages over every trunk attention layer, rounded down to whole pages;
   // negative: eight times the slots' own KV, at most 4 GiB.
   int64_t cache_kv_bytes = 0;
+  // The most rows a speculative check of one sequence may have (its fed token and the drafts):
+  // each slot keeps this many - 1 recurrent states per DeltaNet layer (Engine::rollback).
+  // 0 or 1: none.
+  int verify_rows = 0;
   // Read every weight page once at load (so the first step does not pay for page faults);
   // on_load_progress(bytes done, bytes total) is called as it goes.
   bool prefault = true;
@@ -46,6 +50,9 @@ struct Batch {
   std::vector<int32_t> positions;
   std::vector<int32_t> slots;
   std::vector<uint8_t> want_logits;
+  // Slots whose rows in this step are a speculative check: after the step, Engine::rollback can
+  // keep any prefix of them.
+  std::vector<int32_t> keep_states;
 
   void add(int slot, int32_t token, int32_t position, bool logits);
   void clear();
@@ -90,6 +97,11 @@ class Engine {
   void step_sample(const Batch& batch, std::span<const ops::SamplingRow> rows, int n_top,
                    std::vector<ops::SampledToken>& out);
 
+  // After a step in which `slot` was in batch.keep_states: keeps only its first n_tokens (the
+  // slot's length before that step + 1 .. its length now), as if the step had fed only those
+  // rows: KV truncated by length, recurrent state copied from the history the step kept.
+  void rollback(int slot, int64_t n_tokens);
+
   bool has_mtp() const { return model_->has_mtp(); }
   // Runs the MTP block; returns draft logits [rows, n_vocab]. Error if the model has none.
   std::vector<float> mtp_step(const MtpBatch& batch);
@@ -101,7 +113,8 @@ class Engine {
   // track and hands the layout to the backend.
   void plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
             const std::vector<int32_t>& slots, const std::vector<uint8_t>* want_output,
-            state::Track track, bool ends_in_sample = false);
+            state::Track track, bool ends_in_sample = false,
+            const std::vector<int32_t>* keep = nullptr);
   arch::ForwardResult run(const Batch& batch, bool ends_in_sample = false);
   void advance(state::Track track);
 
@@ -115,6 +128,8 @@ class Engine {
   // The layout of the step being run (reused: no allocation per step once grown).
   std::vector<ops::Span> spans_;
   std::vector<int32_t> output_rows_;
+  // The keep_states spans of the last trunk step (rollback's bounds).
+  std::vector<ops::Span> kept_;
 };
 
 }  // namespace qwenrt::engine

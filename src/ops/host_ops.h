@@ -12,6 +12,21 @@
 
 namespace qwenrt::ops {
 
+// The conv state after each row r < min(count - 1, history_rows) of a keep_states span, from the
+// slot's conv state before the step (`state` [K-1, C]) and the span's inputs x [count, C] (rows
+// x_stride apart): the last K-1 inputs up to row r, oldest first, into history [rows, K-1, C].
+inline void keep_conv_history(const float* state, const float* x, int64_t x_stride, int K,
+                              int64_t channels, int64_t count, int history_rows, float* history) {
+  const int64_t rows = std::min<int64_t>(count - 1, history_rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int j = 0; j < K - 1; ++j) {
+      const int64_t i = r + 1 + j;  // in the sequence (K-1 state rows, then x)
+      const float* src = i < K - 1 ? state + i * channels : x + (i - (K - 1)) * x_stride;
+      std::memcpy(history + (r * (K - 1) + j) * channels, src, channels * 4);
+    }
+  }
+}
+
 class HostOps : public Ops {
  public:
   void* alloc_buffer(int64_t bytes) override {

@@ -45,6 +45,10 @@ struct Span {
   int32_t begin = 0;
   int32_t count = 0;
   int32_t n_past = 0;
+  // 1: the DeltaNet ops also write the slot's recurrent state after each row but the last into
+  // its history (RecurrentLayer), so a speculative check can keep any prefix of its rows
+  // (Engine::rollback). Such a span runs the recurrence token by token, exactly as decode does.
+  int32_t keep_states = 0;
 };
 
 // How DeltaNet layers run a span of several tokens (one token always runs the recurrence).
@@ -68,6 +72,8 @@ struct StepLayout {
   // The step ends in Ops::sample (not in downloads), so a backend may capture it whole and replay
   // it for later steps of the same shape.
   bool ends_in_sample = false;
+  // Some span has keep_states set.
+  bool keep_states = false;
 };
 
 // The KV pool of one attention layer in backend memory: k and v [n_pages, page_size, kv_dim]
@@ -81,9 +87,14 @@ struct KvLayer {
 
 // The recurrent state of one DeltaNet layer in backend memory, one block per slot:
 // conv [n_slots, K-1, C] (oldest input first), delta [n_slots, Hv, D (key), D (value)].
+// The history (history_rows > 0): the state after row r of a keep_states span, r < history_rows,
+// conv_history [n_slots, history_rows, K-1, C], delta_history [n_slots, history_rows, Hv, D, D].
 struct RecurrentLayer {
   float* conv = nullptr;
   float* delta = nullptr;
+  float* conv_history = nullptr;
+  float* delta_history = nullptr;
+  int history_rows = 0;
 };
 
 // Gated attention's core for every span of the step (SPEC: gated attention, after the q/k norms

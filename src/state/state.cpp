@@ -47,8 +47,13 @@ void Snapshot::release() {
 }
 
 StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, ops::Ops& backend,
-                       int page_size, int64_t extra_pages)
-    : backend_(backend), n_slots_(n_slots), n_ctx_(n_ctx), page_size_(page_size) {
+                       int page_size, int64_t extra_pages, int history_rows)
+    : backend_(backend),
+      n_slots_(n_slots),
+      n_ctx_(n_ctx),
+      page_size_(page_size),
+      history_rows_(history_rows) {
+  if (history_rows < 0) fail("state: history rows must be >= 0, got {}", history_rows);
   if (n_slots < 1) fail("state: need at least one sequence slot, got {}", n_slots);
   if (n_ctx < 1) fail("state: context size must be positive, got {}", n_ctx);
   if (page_size < 1) fail("state: page size must be positive, got {}", page_size);
@@ -76,6 +81,11 @@ StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, 
     } else {
       recurrent_[il] = {.conv = buffer(n_slots * conv_floats_),
                         .delta = buffer(n_slots * delta_floats_)};
+      if (history_rows > 0) {
+        recurrent_[il].conv_history = buffer(int64_t{n_slots} * history_rows * conv_floats_);
+        recurrent_[il].delta_history = buffer(int64_t{n_slots} * history_rows * delta_floats_);
+        recurrent_[il].history_rows = history_rows;
+      }
     }
   }
   for (TrackState& t : tracks_) {
@@ -192,6 +202,35 @@ void StateStore::reserve(int slot, int64_t count, Track track) {
 void StateStore::advance(int slot, int64_t count, Track track) {
   check_slot(slot);
   tracks_[int(track)].length[slot] += count;
+}
+
+void StateStore::truncate(int slot, int64_t n_tokens, Track track) {
+  check_slot(slot);
+  TrackState& t = tracks_[int(track)];
+  if (n_tokens < 0 || n_tokens > t.length[slot]) {
+    fail("state: slot {} holds {} tokens, cannot truncate to {}", slot, t.length[slot], n_tokens);
+  }
+  int32_t* table = t.tables.data() + slot * max_pages_;
+  for (int64_t i = (n_tokens + page_size_ - 1) / page_size_; i < max_pages_ && table[i] >= 0; ++i) {
+    unref(t, table[i]);
+    table[i] = -1;
+  }
+  t.length[slot] = n_tokens;
+}
+
+void StateStore::restore_history(int slot, int row) {
+  check_slot(slot);
+  if (row < 0 || row >= history_rows_) {
+    fail("state: history row {} out of range [0, {})", row, history_rows_);
+  }
+  const int64_t h = int64_t{slot} * history_rows_ + row;
+  for (const ops::RecurrentLayer& r : recurrent_) {
+    if (!r.conv) continue;
+    backend_.copy(r.conv + slot * conv_floats_, r.conv_history + h * conv_floats_,
+                  conv_floats_ * int64_t{sizeof(float)});
+    backend_.copy(r.delta + slot * delta_floats_, r.delta_history + h * delta_floats_,
+                  delta_floats_ * int64_t{sizeof(float)});
+  }
 }
 
 int64_t StateStore::recurrent_bytes() const {

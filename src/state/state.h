@@ -56,8 +56,9 @@ class StateStore {
  public:
   // Pools for n_slots sequences of up to n_ctx tokens (plus spare pages for copy on write).
   // extra_pages: pool pages beyond those, for KV that outlives its sequence (the prefix cache).
+  // history_rows: recurrent states kept per slot for speculative checks (RecurrentLayer).
   StateStore(const model::Config& config, int n_slots, int64_t n_ctx, ops::Ops& backend,
-             int page_size = 64, int64_t extra_pages = 0);
+             int page_size = 64, int64_t extra_pages = 0, int history_rows = 0);
   ~StateStore();
   StateStore(const StateStore&) = delete;
   StateStore& operator=(const StateStore&) = delete;
@@ -77,6 +78,13 @@ class StateStore {
   void reserve(int slot, int64_t count, Track track);
   // Adds count tokens to the slot's length (after a step wrote them).
   void advance(int slot, int64_t count, Track track);
+  // Shortens the slot's KV on a track to n_tokens (<= its length), releasing whole pages past
+  // it. Recurrent state is not touched: see restore_history.
+  void truncate(int slot, int64_t n_tokens, Track track);
+  // Copies the slot's recurrent history row `row` (the state after that row of the last
+  // keep_states span) into its live state, every DeltaNet layer.
+  void restore_history(int slot, int row);
+  int history_rows() const { return history_rows_; }
 
   // Backend memory of layer il: KV pool (attention and MTP layers) or recurrent blocks (DeltaNet).
   const ops::KvLayer& kv(int il) const;
@@ -130,6 +138,7 @@ class StateStore {
   int64_t max_pages_;                           // per slot
   int64_t n_pages_;                             // per pool
   int64_t conv_floats_ = 0, delta_floats_ = 0;  // per slot per DeltaNet layer
+  int history_rows_ = 0;
   std::vector<ops::KvLayer> kv_;                // per state layer (empty for DeltaNet)
   std::vector<ops::RecurrentLayer> recurrent_;  // per state layer (empty for attention)
   std::vector<void*> buffers_;                  // every backend buffer this store owns

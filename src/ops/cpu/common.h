@@ -19,6 +19,7 @@ struct Span {
   int32_t begin;
   int32_t count;
   int32_t n_past;
+  int32_t keep_states;  // ops::Span::keep_states
 };
 
 // Which instantiation of the kernels runs. Every kernel is compiled for each level in its own

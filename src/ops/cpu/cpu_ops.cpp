@@ -27,7 +27,8 @@ static_assert(sizeof(cpu::Span) == sizeof(Span) &&
                   offsetof(cpu::Span, slot) == offsetof(Span, slot) &&
                   offsetof(cpu::Span, begin) == offsetof(Span, begin) &&
                   offsetof(cpu::Span, count) == offsetof(Span, count) &&
-                  offsetof(cpu::Span, n_past) == offsetof(Span, n_past),
+                  offsetof(cpu::Span, n_past) == offsetof(Span, n_past) &&
+                  offsetof(cpu::Span, keep_states) == offsetof(Span, keep_states),
               "the kernels read the step's spans in place");
 
 // Physical cores: hardware threads divided by the SMT width where Linux reports it.
@@ -193,7 +194,10 @@ class CpuOps final : public HostOps {
                                        .n_v_heads = a.n_v_heads,
                                        .head_dim = a.head_dim,
                                        .conv_state = a.state.conv,
-                                       .delta_state = a.state.delta};
+                                       .delta_state = a.state.delta,
+                                       .conv_history = a.state.conv_history,
+                                       .delta_history = a.state.delta_history,
+                                       .history_rows = a.state.history_rows};
     float* workspace = alloc(cpu::deltanet_prefill_workspace_floats(layer, step_.n));
     cpu::deltanet_prefill(layer, spans_, step_.n_spans, a.qkv, a.z, a.alpha, a.beta, a.out,
                           workspace, pool_);

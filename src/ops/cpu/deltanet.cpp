@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
+#include "ops/host_ops.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
@@ -135,6 +137,17 @@ void deltanet_prefill(const DeltaNetLayerArgs& layer, const Span* spans, int n_s
     return;
   }
   const CoreIo io{&layer, qkv, z, alpha, beta, out, workspace};
+  const int64_t C = (2 * int64_t{layer.n_k_heads} + layer.n_v_heads) * layer.head_dim;
+  const int64_t conv_floats = int64_t{layer.conv_k - 1} * C;
+  for (int s = 0; s < n_spans; ++s) {  // before the conv shifts the state
+    const Span& span = spans[s];
+    if (!span.keep_states) continue;
+    if (!layer.conv_history || !layer.delta_history)
+      fail("cpu deltanet: a span keeps its states but the layer has no history");
+    keep_conv_history(layer.conv_state + span.slot * conv_floats, qkv + span.begin * C, C,
+                      layer.conv_k, C, span.count, layer.history_rows,
+                      layer.conv_history + int64_t{span.slot} * layer.history_rows * conv_floats);
+  }
   const int n_blocks = 2 * layer.n_k_heads + layer.n_v_heads;
   const auto& conv_tasks = span_tasks(spans, n_spans, n_blocks);
   auto conv_fn = QWENRT_CPU_PICK(prefill_conv_task);

@@ -51,6 +51,10 @@ struct DeltaNetLayerArgs {
   int n_k_heads, n_v_heads, head_dim;  // Hk, Hv, D (D a multiple of 16)
   float* conv_state;                   // [n_slots, K-1, C]
   float* delta_state;                  // [n_slots, Hv, D, D]
+  // The states after each row of keep_states spans (ops::RecurrentLayer's history).
+  float* conv_history = nullptr;   // [n_slots, history_rows, K-1, C]
+  float* delta_history = nullptr;  // [n_slots, history_rows, Hv, D, D]
+  int history_rows = 0;
 };
 
 // The DeltaNet core for a batch of single-token spans (every span's count is 1), fused: per row
@@ -68,7 +72,8 @@ int64_t deltanet_prefill_workspace_floats(const DeltaNetLayerArgs& layer, int64_
 
 // The same core for any mix of spans (one call per layer): all single-token spans take the fused
 // decode path; otherwise conv over all spans into workspace, then per (span, V head) the delta
-// rule (chunked for spans of 16+ tokens, token by token below) and the gated norm.
+// rule (chunked for spans of 16+ tokens, token by token below and for keep_states spans, whose
+// states after each row go into the history) and the gated norm.
 // workspace: deltanet_prefill_workspace_floats floats (unused when every span is one token).
 void deltanet_prefill(const DeltaNetLayerArgs& layer, const Span* spans, int n_spans,
                       const float* qkv, const float* z, const float* alpha, const float* beta,

@@ -573,7 +573,8 @@ class CudaOps final : public Ops {
               .page_table_stride = l.page_table_stride,
               .max_tokens = 0,
               .max_span_count = max_count,
-              .deltanet_mode = l.deltanet_mode};
+              .deltanet_mode = l.deltanet_mode,
+              .keep_states = l.keep_states};
     // A graph bakes in these addresses: the offsets follow from n, n_spans and n_output_rows (part
     // of its key), the buffer's address from layout_generation_.
   }
@@ -588,8 +589,9 @@ class CudaOps final : public Ops {
   void choose_mode(const StepLayout& l) {
     mode_ = Mode::kEager;
     if (!graphs_enabled_ || !l.ends_in_sample || l.n > kMaxGraphRows) return;
+    // The last element: the DeltaNet mode and whether the step keeps states (a launch more).
     const GraphKey key{l.n, l.n_spans, l.n_output_rows, dstep_.max_span_count,
-                       static_cast<int>(l.deltanet_mode)};
+                       static_cast<int>(l.deltanet_mode) * 2 + (l.keep_states ? 1 : 0)};
     auto it = graphs_.find(key);
     if (it != graphs_.end() && it->second.generation == generation()) {
       mode_ = Mode::kReplay;

@@ -158,7 +158,11 @@ struct DeltaParams {
   const float* a;
   const float* norm;   // [D]
   float* delta_state;  // [n_slots, Hv, D, D]
-  float* out;          // [n, Hv D]
+  // The state after each row but the last of keep_states spans (RecurrentLayer's history):
+  // [n_slots, history_rows, Hv, D, D].
+  float* delta_history;
+  int history_rows;
+  float* out;  // [n, Hv D]
   int64_t C;
   int n_k_heads, n_v_heads, head_dim;
   float eps;
@@ -285,6 +289,18 @@ __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD
         *s = fmaf(kp[r] * inv_k, d, *s * decay);
       }
     }
+    if (span.keep_states && t + 1 < span.count && t < prm.history_rows) {
+      // This thread's part of the state after row t, at the same offsets in the history row.
+      float* H = prm.delta_history +
+                 ((int64_t{span.slot} * prm.history_rows + t) * Hv + h) * D * D +
+                 int64_t{p} * R * D + j;
+      if constexpr (kR > 0) {
+#pragma unroll
+        for (int r = 0; r < kR; ++r) H[int64_t{r} * D] = st[r];
+      } else {
+        for (int r = 0; r < R; ++r) H[int64_t{r} * D] = S[int64_t{r} * D];
+      }
+    }
     float o = 0;
     if (p == 0) {
       o = (decay * sq * inv_q + d * (qk * inv_q * inv_k)) * scale;
@@ -319,6 +335,28 @@ const float* f32_device_data(const Weight& w, int64_t elements, const char* what
 
 int64_t channels(const DeltaNetArgs& args) {
   return 2 * int64_t{args.n_k_heads} * args.head_dim + int64_t{args.n_v_heads} * args.head_dim;
+}
+
+// The conv state after each row r < min(count - 1, history_rows) of every keep_states span: the
+// last K-1 inputs up to row r (oldest first), from the slot's state before the step and the
+// span's rows. Runs before the conv kernel shifts the state. Thread = channel; grid (channel
+// blocks, spans, history rows); blocks of other spans exit.
+__global__ void __launch_bounds__(kConvThreads)
+    conv_history_kernel(const Span* __restrict__ spans, const float* __restrict__ x,
+                        const float* __restrict__ conv_state, float* __restrict__ history,
+                        int history_rows, int K, int64_t C) {
+  pdl_launch_dependents();
+  const Span span = spans[blockIdx.y];
+  const int r = blockIdx.z;
+  const int64_t c = int64_t{blockIdx.x} * kConvThreads + threadIdx.x;
+  if (!span.keep_states || r + 1 >= span.count || r >= history_rows || c >= C) return;
+  const float* state = conv_state + int64_t{span.slot} * (K - 1) * C;
+  float* out = history + (int64_t{span.slot} * history_rows + r) * (K - 1) * C;
+  for (int j = 0; j < K - 1; ++j) {
+    const int i = r + 1 + j;  // in the sequence: K-1 state rows, then the span's rows
+    out[int64_t{j} * C + c] =
+        i < K - 1 ? state[int64_t{i} * C + c] : x[(int64_t{span.begin} + i - (K - 1)) * C + c];
+  }
 }
 
 template <int K>
@@ -388,6 +426,10 @@ __global__ void __launch_bounds__(kMaxD) delta_rule_any_d_kernel(const DeltaPara
       S[int64_t{i} * D + j] = sij;
       acc += double(sij) * s_q[i];
     }
+    if (span.keep_states && t + 1 < span.count && t < prm.history_rows) {
+      float* H = prm.delta_history + ((int64_t{span.slot} * prm.history_rows + t) * Hv + h) * D * D;
+      for (int i = 0; i < D; ++i) H[int64_t{i} * D + j] = S[int64_t{i} * D + j];
+    }
     const float o = static_cast<float>(acc * scale);
     const float oo = block_sum(o * o);
     const float inv = static_cast<float>(1.0 / sqrt(double(oo) / D + prm.eps));
@@ -412,7 +454,7 @@ bool use_chunked(const DeviceStep& step, const DeltaNetArgs& args) {
   const char* v = std::getenv("QWENRT_CUDA_CHUNKED");  // read per call: tests switch it
   const bool enabled = v && std::string(v) == "1";
   if (!enabled || !deltanet_chunked_supported(args.head_dim)) return false;
-  if (step.deltanet_mode == DeltaNetMode::kRecurrent) return false;
+  if (step.deltanet_mode == DeltaNetMode::kRecurrent || step.keep_states) return false;
   return step.deltanet_mode == DeltaNetMode::kChunked || step.max_span_count >= kChunkedMinTokens;
 }
 
@@ -447,6 +489,17 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
   const float* kernel = f32_device_data(args.conv, K * C, "ssm_conv1d");
   if (step.n == 0 || step.n_spans == 0) return;
   float* mixed = static_cast<float*>(workspace);
+  if (step.keep_states) {
+    if (!args.state.conv_history || !args.state.delta_history || args.state.history_rows < 1)
+      cuda_fail("deltanet: a span keeps its states but the layer has no history");
+    const dim3 grid(static_cast<unsigned>((C + kConvThreads - 1) / kConvThreads),
+                    static_cast<unsigned>(step.n_spans),
+                    static_cast<unsigned>(args.state.history_rows));
+    conv_history_kernel<<<grid, kConvThreads, 0, stream>>>(
+        step.spans, args.qkv, args.state.conv, args.state.conv_history, args.state.history_rows,
+        static_cast<int>(K), C);
+    QWENRT_CUDA_CHECK_LAUNCH();
+  }
   switch (K) {
     case 2:
       launch_conv<2>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
@@ -486,6 +539,8 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
                         .a = f32_device_data(args.a, Hv, "ssm_a"),
                         .norm = f32_device_data(args.norm, D, "ssm_norm"),
                         .delta_state = args.state.delta,
+                        .delta_history = args.state.delta_history,
+                        .history_rows = args.state.history_rows,
                         .out = args.out,
                         .C = C,
                         .n_k_heads = Hk,

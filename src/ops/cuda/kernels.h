@@ -54,6 +54,7 @@ struct DeviceStep {
   int64_t max_tokens = 0;
   int64_t max_span_count = 0;
   DeltaNetMode deltanet_mode = DeltaNetMode::kAuto;  // how DeltaNet layers run long spans
+  bool keep_states = false;  // some span keeps its recurrent states (a speculative check)
 };
 
 // ---- Matmul (matmul.cu) ----

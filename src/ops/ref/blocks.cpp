@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/host_ops.h"
 #include "ops/ref/kernels.h"
 #include "ops/ref/sampling.h"
 
@@ -59,6 +60,12 @@ void deltanet_spans(const StepLayout& step, const DeltaNetArgs& a) {
       beta(a.beta, a.beta + n * Hv), o(n * nv);
   for (int s = 0; s < step.n_spans; ++s) {
     const Span& span = step.spans[s];
+    if (span.keep_states) {
+      keep_conv_history(
+          a.state.conv + span.slot * conv_floats, a.qkv + span.begin * C, C, static_cast<int>(K), C,
+          span.count, a.state.history_rows,
+          a.state.conv_history + int64_t{span.slot} * a.state.history_rows * conv_floats);
+    }
     conv1d_silu(a.qkv + span.begin * C, C, a.state.conv + span.slot * conv_floats, f32_data(a.conv),
                 static_cast<int>(K), mixed.data() + span.begin * C, span.count, C);
   }
@@ -87,7 +94,25 @@ void deltanet_spans(const StepLayout& step, const DeltaNetArgs& a) {
                               .head_dim = a.head_dim};
     const bool chunked = step.deltanet_mode == DeltaNetMode::kChunked ||
                          (step.deltanet_mode == DeltaNetMode::kAuto && span.count > 1);
-    if (chunked) {
+    if (span.keep_states) {
+      // Token by token (as decode runs), keeping the state after each row but the last.
+      for (int32_t t = 0; t < span.count; ++t) {
+        GatedDeltaArgs one = args;
+        one.q += t * nk;
+        one.k += t * nk;
+        one.v += t * C;
+        one.g += t * Hv;
+        one.beta += t * Hv;
+        one.out += t * nv;
+        one.n = 1;
+        gated_delta_recurrent(one);
+        if (t + 1 < span.count && t < a.state.history_rows) {
+          std::memcpy(a.state.delta_history +
+                          (int64_t{span.slot} * a.state.history_rows + t) * delta_floats,
+                      args.state, delta_floats * 4);
+        }
+      }
+    } else if (chunked) {
       gated_delta_chunked(args);
     } else {
       gated_delta_recurrent(args);
