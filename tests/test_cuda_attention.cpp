@@ -4,11 +4,15 @@
 // the step (the appended rows, and nothing else touched). Pages are scattered through the pool
 // out of order; pool rows no slot holds are NaN (a read past a span's causal window shows), and
 // outputs start NaN (an unwritten element shows). Cases cross page, key-tile and split-chunk
-// boundaries, mix decode rows with prefill spans, and run several steps on the same pools.
+// boundaries, mix decode rows with prefill spans, and run several steps on the same pools. Rows of
+// spans that take the tensor-core prefill kernel (attention_prefill.cu, f16 inputs) are compared
+// with its own tolerance; the split shape's rows, and every row with QWENRT_CUDA_FLASH_PREFILL=0
+// (the fp32 tiles), with the fp32 one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -31,6 +35,45 @@ using testing_support::rel_l2;
 // errors are ~1e-6 relative; a wrong key, chunk or head shows as >= 1e-3.
 constexpr double kMaxRelL2 = 2e-5;
 constexpr double kMaxAbs = 1e-4;
+// The tensor-core prefill rounds q, k, v and the probabilities to f16 (11 significant bits, unit
+// roundoff u = 2^-11 = 4.9e-4), accumulating in fp32. An output o = sum_j p_j v_j / l moves by at
+// most u sum_j p_j |v_j| <= u max|v| for the rounded v, and as much again for the rounded p: with
+// |v| <= ~5.5 (the largest of ~1e7 N(0, 1) draws) that is 2 * 2.7e-3. Rounded q and k move a score
+// by scale * sum_d q_d k_d (dq_d + dk_d): ~sqrt(2/3) u = 4e-4 rms, independent of D for unit
+// inputs (~2.5e-3 at the tail of ~1e7 scores), which moves o by at most that times
+// sum_j p_j |v_j - o| (a few units at worst). So 1e-2 bounds the worst element with some margin;
+// in aggregate the rows should be ~3e-4 relative L2 (an estimate: not yet run on a GPU). A wrong
+// key, head or causal boundary moves the rows that see few keys by O(1).
+constexpr double kF16MaxRelL2 = 2e-3;
+constexpr double kF16MaxAbs = 1e-2;
+// Spans whose vectors of one KV head (count * n_head / n_head_kv) exceed this take the prefill
+// kernel; the others the split shape (attention.cu's kTileVectors).
+constexpr int kSplitVectors = 16;
+
+// Whether prefill spans run on the tensor-core kernel (attention.cu reads the same variable).
+bool flash_prefill_enabled() {
+  const char* v = std::getenv("QWENRT_CUDA_FLASH_PREFILL");
+  return !(v && std::string(v) == "0");
+}
+
+// Outputs against ref's: every element written and finite, within the relative L2 and max-abs
+// bounds.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double max_rel_l2,
+                  double max_abs_bound, const char* what) {
+  if (got.empty()) return;
+  int64_t non_finite = 0;
+  double max_abs = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) {
+      ++non_finite;
+    } else {
+      max_abs = std::max(max_abs, std::abs(double(got[i]) - want[i]));
+    }
+  }
+  EXPECT_EQ(non_finite, 0) << what << ": unwritten or NaN output elements";
+  EXPECT_LT(rel_l2(got, want), max_rel_l2) << what;
+  EXPECT_LT(max_abs, max_abs_bound) << what;
+}
 
 struct HeadShape {
   const char* name;
@@ -40,6 +83,7 @@ constexpr HeadShape kTiny{"tiny_4x2x64", 4, 2, 64};
 constexpr HeadShape k35B{"a3b_16x2x256", 16, 2, 256};
 constexpr HeadShape k27B{"dense_24x4x256", 24, 4, 256};
 constexpr HeadShape kMid{"mid_8x2x128", 8, 2, 128};
+constexpr HeadShape kMha{"mha_3x3x128", 3, 3, 128};  // G = 1
 
 // One span of a step: `count` new rows for slot `slot`.
 struct SpanRows {
@@ -179,18 +223,20 @@ class AttentionRig {
                        .scale = scale});
     }
 
-    int64_t non_finite = 0;
-    double max_abs = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (!std::isfinite(got[i])) {
-        ++non_finite;
-      } else {
-        max_abs = std::max(max_abs, std::abs(double(got[i]) - want[i]));
-      }
+    // Each span's rows with the tolerance of the kernel that computed them.
+    const int group = shape_.n_head / shape_.n_head_kv;
+    const bool flash = flash_prefill_enabled();
+    std::vector<float> got_f32, want_f32, got_f16, want_f16;
+    for (const Span& sp : spans) {
+      const bool f16 = flash && sp.count * group > kSplitVectors;
+      const size_t begin = size_t(sp.begin) * out_row, end = size_t(sp.begin + sp.count) * out_row;
+      std::vector<float>& g = f16 ? got_f16 : got_f32;
+      std::vector<float>& w = f16 ? want_f16 : want_f32;
+      g.insert(g.end(), got.begin() + begin, got.begin() + end);
+      w.insert(w.end(), want.begin() + begin, want.begin() + end);
     }
-    EXPECT_EQ(non_finite, 0) << "unwritten or NaN output elements";
-    EXPECT_LT(rel_l2(got, want), kMaxRelL2);
-    EXPECT_LT(max_abs, kMaxAbs);
+    expect_close(got_f32, want_f32, kMaxRelL2, kMaxAbs, "fp32 rows (split shape or fp32 tiles)");
+    expect_close(got_f16, want_f16, kF16MaxRelL2, kF16MaxAbs, "f16 rows (tensor-core prefill)");
 
     // The pools after the step: the GPU's appended rows equal ref's, every other row unchanged.
     std::vector<float> k_after(k_host_.size()), v_after(v_host_.size());
@@ -274,15 +320,58 @@ const StepCase kCases[] = {
     {"short_spans_2_and_4", {{2, 500}, {4, 90}, {3, 0}}},  // split shape or tiles, by group
     {"page_16", {{1, 700}, {63, 130}, {2, 33}}, 16},
     {"unpadded_q", {{1, 70}, {20, 10}}, 64, 0},
+    // Around the prefill kernel's 64-vector tiles and 32-key tiles, long spans, pages that do not
+    // divide the spans, several prefill spans with decode rows between them.
+    {"prefill_64_at_0", {{64, 0}}},
+    {"prefill_65_at_0", {{65, 0}}},
+    {"prefill_64_at_100_page_48", {{64, 100}}, 48},
+    {"prefill_1000_at_0", {{1000, 0}}},
+    {"prefill_1000_at_300_page_48", {{1000, 300}}, 48},
+    {"prefills_with_decodes_page_48",
+     {{1, 500}, {65, 0}, {130, 33}, {1, 7}, {64, 64}, {3, 10}, {1000, 17}},
+     48},
 };
 
 INSTANTIATE_TEST_SUITE_P(Steps, CudaAttention,
-                         ::testing::Combine(::testing::Values(kTiny, k35B, k27B, kMid),
+                         ::testing::Combine(::testing::Values(kTiny, k35B, k27B, kMid, kMha),
                                             ::testing::ValuesIn(kCases)),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param).name) + "_" +
                                   std::get<1>(info.param).name;
                          });
+
+// Sets an environment variable for one scope (the tests' process only), restoring it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_.empty()) {
+      unsetenv(name_);
+    } else {
+      setenv(name_, old_.c_str(), 1);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+};
+
+// The fp32 tiles kernel (QWENRT_CUDA_FLASH_PREFILL=0) still matches with the fp32 tolerance.
+TEST(CudaAttentionFp32Tiles, MatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const ScopedEnv fp32_tiles("QWENRT_CUDA_FLASH_PREFILL", "0");
+  for (const HeadShape& shape : {kTiny, k27B, kMha}) {
+    SCOPED_TRACE(shape.name);
+    AttentionRig rig(shape, 48, {0, 500, 0, 33}, {65, 501, 200, 163}, 11);
+    rig.step({{1, 1}, {2, 200}, {0, 65}, {3, 130}}, 8);
+  }
+}
 
 // Several steps on the same pools: keys a step appended are read back from the pages by the next.
 TEST(CudaAttentionSteps, LaterStepsReadAppendedKeys) {
@@ -294,6 +383,14 @@ TEST(CudaAttentionSteps, LaterStepsReadAppendedKeys) {
     rig.step({{1, 1}, {0, 1}}, 8);           // both decode, slots out of order
     rig.step({{0, 3}, {1, 1}, {2, 40}}, 8);  // a short span, a decode row, a new slot's prefill
     rig.step({{2, 1}, {0, 1}, {1, 1}}, 8);
+  }
+  // The same through the prefill kernel's tiles: a second prefill over keys the first appended.
+  for (const HeadShape& shape : {k27B, kMha}) {
+    SCOPED_TRACE(shape.name);
+    AttentionRig rig(shape, 48, {0, 0}, {300, 10}, 9);
+    rig.step({{0, 130}, {1, 1}}, 8);
+    rig.step({{0, 100}, {1, 1}}, 8);  // 130 keys from the pages, 100 from the step
+    rig.step({{0, 1}}, 8);
   }
 }
 

@@ -13,7 +13,9 @@
 //    block each, that write unnormalised partials (acc, running max, running sum) to the
 //    workspace; a combine launch merges them into out.
 //  - tiles: longer (prefill) spans. One block per tile over all the keys its rows see (causal),
-//    writing out directly.
+//    writing out directly. By default these spans go to attention_prefill.cu's tensor-core
+//    kernel instead (the same rules, tiles of 64 vectors); QWENRT_CUDA_FLASH_PREFILL=0 keeps
+//    them here.
 // Both launches cover every span with grids from host-known bounds (n_spans, max_span_count,
 // max_tokens); a block whose span belongs to the other shape, or whose tile / chunk lies beyond
 // the span's real size (read on the device), exits at once. So the launches replay correctly in
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "ops/cuda/check.h"
@@ -484,6 +487,13 @@ int partial_rows(const DeviceStep& step) {
   return static_cast<int>(std::clamp<int64_t>(step.max_span_count, 1, kTileVectors));
 }
 
+// Whether prefill spans take the tensor-core kernel (the default) or the fp32 tiles below
+// (QWENRT_CUDA_FLASH_PREFILL=0: the f16 path is new; read per call, tests switch it).
+bool flash_prefill() {
+  const char* v = std::getenv("QWENRT_CUDA_FLASH_PREFILL");
+  return !(v && std::string(v) == "0");
+}
+
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -523,8 +533,6 @@ void launch(const DeviceStep& step, const AttentionArgs& args, void* workspace,
   // allowed while a graph is captured); setting it every call keeps it right on every device.
   QWENRT_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D, true>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  QWENRT_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D, false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const unsigned n_spans = static_cast<unsigned>(step.n_spans);
   const unsigned n_kv_heads = static_cast<unsigned>(args.n_head_kv);
   attention_kernel<D, true>
@@ -532,11 +540,18 @@ void launch(const DeviceStep& step, const AttentionArgs& args, void* workspace,
   QWENRT_CUDA_CHECK_LAUNCH();
   combine_kernel<D><<<dim3(n_spans, n_kv_heads), kThreads, 0, stream>>>(ka);
   QWENRT_CUDA_CHECK_LAUNCH();
-  // Only when a span may be too long for the split shape.
+  // Only when a span may be too long for the split shape: on tensor cores (attention_prefill.cu),
+  // or this file's fp32 tiles with QWENRT_CUDA_FLASH_PREFILL=0.
   if (step.max_span_count > kTileVectors / group) {
-    attention_kernel<D, false>
-        <<<dim3(static_cast<unsigned>(tiles), n_spans, n_kv_heads), kThreads, smem, stream>>>(ka);
-    QWENRT_CUDA_CHECK_LAUNCH();
+    if (flash_prefill()) {
+      attention_prefill(step, args, kTileVectors, stream);
+    } else {
+      QWENRT_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D, false>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      attention_kernel<D, false>
+          <<<dim3(static_cast<unsigned>(tiles), n_spans, n_kv_heads), kThreads, smem, stream>>>(ka);
+      QWENRT_CUDA_CHECK_LAUNCH();
+    }
   }
 }
 

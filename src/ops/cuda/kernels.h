@@ -143,6 +143,12 @@ void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n_row
 int64_t attention_workspace_bytes(const DeviceStep& step, int n_head, int head_dim);
 void attention(const DeviceStep& step, const AttentionArgs& args, void* workspace,
                cudaStream_t stream);
+// The prefill shape of attention (attention_prefill.cu; attention() calls it): the KV append and
+// the output of the spans whose count * (n_head / n_head_kv) exceeds split_vectors (the others
+// take attention.cu's split shape), on tensor cores (f16 inputs, fp32 accumulation and softmax).
+// No workspace; attention() has checked the arguments.
+void attention_prefill(const DeviceStep& step, const AttentionArgs& args, int split_vectors,
+                       cudaStream_t stream);
 
 // ---- DeltaNet (deltanet.cu) ----
 // Ops::deltanet for every span (ref::deltanet_spans): conv1d + SiLU with the slot's conv state,
