@@ -10,6 +10,7 @@
 
 #include "cli/backend_options.h"
 #include "cli/commands.h"
+#include "cli/draft_options.h"
 #include "cli/model_option.h"
 #include "core/error.h"
 #include "serve/server.h"
@@ -35,6 +36,7 @@ struct ServeCliOptions {
   int64_t cache_state_mb = 2048;
   int64_t cache_host_mb = 4096;
   int cache_snapshot_pages = 16;
+  DraftCliOptions draft;
 };
 
 int run_serve(const ServeCliOptions& opt) {
@@ -68,6 +70,11 @@ int run_serve(const ServeCliOptions& opt) {
   so.cache.state_bytes = opt.cache_state_mb << 20;
   so.cache.host_bytes = opt.cache_host_mb << 20;
   so.cache.snapshot_every_pages = opt.cache_snapshot_pages;
+  {
+    gen::SchedulerOptions sched;
+    apply(opt.draft, so.engine, sched);
+    so.draft = sched.draft;
+  }
 
   serve::Server server(so);
   server.start();
@@ -114,6 +121,7 @@ Run add_serve(CLI::App& app) {
   sub->add_option("--timeout", opt->timeout, "Seconds a request may take (0: no limit)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  add_draft_options(sub, opt->draft);
   sub->add_option("--prefix-cache", opt->prefix_cache,
                   "Resume prompts from the longest cached prefix (KV pages + recurrent-state "
                   "snapshots)")

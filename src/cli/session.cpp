@@ -32,6 +32,7 @@ void add_turn_options(CLI::App* sub, TurnOptions& opt) {
   sub->add_option("--seed", opt.sampling.seed, "Random seed");
   sub->add_option("-c,--ctx-size", opt.n_ctx, "Context size in tokens (default: model's, capped)");
   add_backend_options(sub, opt.backend);
+  add_draft_options(sub, opt.draft);
 }
 
 void require_utf8(std::string_view text, std::string_view what) {
@@ -69,12 +70,13 @@ Session::Session(const TurnOptions& options, bool multi_turn) : options_(options
   eo.n_ctx = options.n_ctx;
   apply(options.backend, eo);
   eo.on_load_progress = load_progress_bar();
+  gen::SchedulerOptions so{.prefix_cache = multi_turn};
+  apply(options.draft, eo, so);
   engine_ = engine::Engine::load(resolve_model(options.model), eo);
   tokenizer_ =
       std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(engine_->file()));
   dialect_ = chat::dialect_for(engine_->identity().checkpoint);
-  scheduler_ = std::make_unique<gen::Scheduler>(*engine_, *tokenizer_,
-                                                gen::SchedulerOptions{.prefix_cache = multi_turn});
+  scheduler_ = std::make_unique<gen::Scheduler>(*engine_, *tokenizer_, so);
   log(LogLevel::kInfo, "model {} ({}), chat dialect {}", engine_->identity().name,
       engine_->config().arch_name, chat::dialect_name(dialect_));
 }
@@ -136,11 +138,15 @@ chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking,
   std::fflush(stdout);
   // Prompt speed over the tokens prefilled (those restored from the prefix cache cost none).
   const int64_t prefilled = last.n_prompt - last.n_cached;
+  const std::string drafted =
+      last.n_checks > 0 ? fmt::format(" | drafted {}, accepted {} ({:.0f}%)", last.n_drafted,
+                                      last.n_accepted, 100.0 * last.n_accepted / last.n_drafted)
+                        : "";
   fmt::print(stderr,
-             "[prompt {} tokens{}, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s | {}]\n",
+             "[prompt {} tokens{}, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s{} | {}]\n",
              last.n_prompt, last.n_cached > 0 ? fmt::format(" ({} cached)", last.n_cached) : "",
              prefilled / std::max(last.prompt_seconds, 1e-9), last.n_generated,
-             last.n_generated / std::max(last.generate_seconds, 1e-9),
+             last.n_generated / std::max(last.generate_seconds, 1e-9), drafted,
              gen::finish_reason_name(last.finish));
   return last.reply;
 }

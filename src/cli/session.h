@@ -12,6 +12,7 @@
 #include "chat/parse.h"
 #include "chat/render.h"
 #include "cli/backend_options.h"
+#include "cli/draft_options.h"
 #include "cli/model_option.h"
 #include "engine/engine.h"
 #include "gen/scheduler.h"
@@ -33,6 +34,7 @@ struct TurnOptions {
   sample::SamplingRequest sampling;
   int64_t n_ctx = 0;
   BackendOptions backend;
+  DraftCliOptions draft;
 };
 
 void add_turn_options(CLI::App* sub, TurnOptions& opt);

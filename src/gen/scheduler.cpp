@@ -76,6 +76,14 @@ struct Sequence {
   SequenceUpdate update;  // what the current step produced
   Clock::time_point t_submit, t_admit, t_first;
   bool has_first = false;
+  // Speculative decoding: the drafts of the step being built, the penalties' history with them
+  // (row i of the check counts drafts[0..i)), the generator before each of the check's draws.
+  DraftController controller;
+  std::vector<int32_t> drafts;
+  std::vector<int32_t> draft_history;
+  std::vector<uint64_t> rng_marks;
+  int64_t n_drafted = 0, n_accepted = 0, n_checks = 0;
+  bool checking = false;  // the slot still holds every row of the check being taken
 };
 
 // A sequence's part of the step being built.
@@ -84,6 +92,7 @@ struct Entry {
   bool samples;     // its last row wants a sampled token
   bool gets_token;  // the step ends its input (a decode row or the prompt's last chunk)
   int32_t n_rows;
+  int32_t n_drafts = 0;  // of those rows, drafts (each samples, as does the row before them)
 };
 
 }  // namespace
@@ -103,6 +112,17 @@ struct Scheduler::Impl {
     slots.resize(n_slots);
     im_start = tokenizer.token_id("<|im_start|>");
     if (options.prefix_cache) cache.emplace(engine.states(), options.cache);
+    if (options.draft.kind != DraftKind::kNone) {
+      const int rows = engine.states().history_rows() + 1;
+      if (options.draft.max_tokens < 1 || options.draft.max_tokens + 1 > rows) {
+        fail("scheduler: {} drafts per check need the engine's verify_rows >= {} (it has {})",
+             options.draft.max_tokens, options.draft.max_tokens + 1, rows);
+      }
+      if (options.draft.ngram_min < 1 || options.draft.ngram_max < options.draft.ngram_min) {
+        fail("scheduler: n-gram sizes {}..{} are not a range of positive sizes",
+             options.draft.ngram_min, options.draft.ngram_max);
+      }
+    }
   }
 
   ~Impl() {
@@ -124,6 +144,11 @@ struct Scheduler::Impl {
   void cache_reply(Sequence& seq);
   void cache_tokens(Sequence& seq, std::span<const int32_t> tokens);
   void take(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
+  // The drafts the sequence's next decode step checks (into seq.drafts); their count.
+  int32_t make_drafts(Sequence& seq);
+  // After a check: takes the sampled tokens while they equal the drafts, then rolls the slot
+  // back to what was accepted. `first` indexes the check's first sampled token.
+  void check_drafts(Sequence& seq, const Entry& e, size_t first);
   void accept(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
   void emit(Sequence& seq, size_t n);
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
@@ -195,6 +220,8 @@ std::unique_ptr<Sequence> Scheduler::Impl::make_sequence(SequenceParams params, 
   if (p.thinking_budget && *p.thinking_budget < 0)
     fail("thinking budget must be >= 0, got {}", *p.thinking_budget);
   auto seq = std::make_unique<Sequence>(0, std::move(params), std::move(sink), tokenizer);
+  if (options.draft.kind != DraftKind::kNone && seq->params.draft)
+    seq->controller = DraftController(options.draft.max_tokens);
   if (!seq->params.forced_after_thinking.empty())
     seq->forced_after_thinking = tokenizer.encode(seq->params.forced_after_thinking, true);
   return seq;
@@ -365,8 +392,59 @@ void Scheduler::Impl::accept(Sequence& seq, int32_t token, const ops::SampledTok
   seq.feed.push_back(token);
 }
 
+int32_t Scheduler::Impl::make_drafts(Sequence& seq) {
+  seq.drafts.clear();
+  if (!seq.forced.empty()) return 0;
+  int depth = seq.controller.depth();
+  // Room: the drafts and the token after them must fit max_tokens and the context.
+  const int64_t left_tokens = seq.params.max_tokens - static_cast<int64_t>(seq.generated.size());
+  const int64_t left_ctx = engine.states().n_ctx() - (seq.position + 1) - 1;
+  depth = static_cast<int>(std::min<int64_t>({depth, left_tokens - 1, left_ctx}));
+  if (depth <= 0) return 0;
+  // A draft may not run into a thinking budget's forced close (the close replaces what follows).
+  if (seq.thinking && seq.params.thinking_budget) {
+    depth = std::min(depth, *seq.params.thinking_budget - seq.thinking_tokens - 1);
+    if (depth <= 0) return 0;
+  }
+  const DraftOptions& o = options.draft;
+  draft_ngram(seq.params.prompt, seq.generated, o.ngram_min, o.ngram_max, depth, seq.drafts);
+  return static_cast<int32_t>(seq.drafts.size());
+}
+
+void Scheduler::Impl::check_drafts(Sequence& seq, const Entry& e, size_t first) {
+  seq.checking = true;
+  seq.feed.clear();
+  seq.position += 1;  // the fed token
+  int used = 0, accepted = 0;
+  for (int32_t i = 0; i <= e.n_drafts; ++i) {
+    const ops::SampledToken& t = sampled.at(first + i);
+    ++used;
+    take(seq, t.id, &t);
+    if (seq.update.done) break;
+    // The next row fed drafts[i]: it holds only if that is the token taken, with nothing forced
+    // after it.
+    if (i == e.n_drafts || seq.drafts[i] != t.id || seq.feed.size() != 1) break;
+    seq.feed.clear();
+    seq.position += 1;
+    ++accepted;
+  }
+  ++seq.n_checks;
+  seq.n_drafted += e.n_drafts;
+  seq.n_accepted += accepted;
+  seq.controller.record(e.n_drafts, accepted);
+  seq.sampler.set_rng_state(seq.rng_marks.at(used));
+  if (seq.checking) {  // (finish rolled back already when a token ended the sequence)
+    engine.rollback(seq.slot, seq.position);
+    seq.checking = false;
+  }
+}
+
 void Scheduler::Impl::finish(Sequence& seq, FinishReason reason, std::string error) {
   const auto now = Clock::now();
+  if (seq.checking) {  // a check's token ended it: the slot keeps what was taken (prefix cache)
+    engine.rollback(seq.slot, seq.position);
+    seq.checking = false;
+  }
   if (reason != FinishReason::kStopString) {
     seq.pending += seq.decoder.finish();
     emit(seq, seq.pending.size());
@@ -382,6 +460,9 @@ void Scheduler::Impl::finish(Sequence& seq, FinishReason reason, std::string err
   u.n_prompt = static_cast<int64_t>(seq.params.prompt.size());
   u.n_cached = seq.n_cached;
   u.n_generated = static_cast<int64_t>(seq.generated.size());
+  u.n_drafted = seq.n_drafted;
+  u.n_accepted = seq.n_accepted;
+  u.n_checks = seq.n_checks;
   const bool completed = reason == FinishReason::kStopToken ||
                          reason == FinishReason::kStopString || reason == FinishReason::kLength;
   if (cache && completed && seq.slot >= 0) cache_reply(seq);
@@ -463,7 +544,12 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     const int32_t n = static_cast<int32_t>(s->feed.size());
     for (int32_t i = 0; i < n; ++i)
       batch.add(s->slot, s->feed[i], static_cast<int32_t>(s->position + i), i + 1 == n);
-    entries.push_back({.seq = s, .samples = true, .gets_token = true, .n_rows = n});
+    const int32_t k = n == 1 ? make_drafts(*s) : 0;
+    for (int32_t i = 0; i < k; ++i)
+      batch.add(s->slot, s->drafts[i], static_cast<int32_t>(s->position + n + i), true);
+    if (k > 0) batch.keep_states.push_back(s->slot);
+    entries.push_back(
+        {.seq = s, .samples = true, .gets_token = true, .n_rows = n + k, .n_drafts = k});
   }
   for (Sequence* s : order) {
     const int64_t room = options.step_tokens - static_cast<int64_t>(batch.size());
@@ -485,12 +571,29 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
   // Sampling rows in batch order; their history spans stay valid until the step returns.
   for (const Entry& e : entries) {
     if (!e.samples) continue;
-    rows.push_back(e.seq->sampler.next_row(e.seq->generated));
-    n_top = std::max(n_top, e.seq->params.top_logprobs);
+    Sequence& q = *e.seq;
+    n_top = std::max(n_top, q.params.top_logprobs);
+    if (e.n_drafts == 0) {
+      rows.push_back(q.sampler.next_row(q.generated));
+      continue;
+    }
+    // The check's rows: row i's penalties count the drafts before it.
+    q.draft_history.assign(q.generated.begin(), q.generated.end());
+    q.draft_history.insert(q.draft_history.end(), q.drafts.begin(), q.drafts.begin() + e.n_drafts);
+    q.rng_marks.clear();
+    for (int32_t i = 0; i <= e.n_drafts; ++i) {
+      q.rng_marks.push_back(q.sampler.rng_state());
+      rows.push_back(q.sampler.next_row(std::span(q.draft_history).first(q.generated.size() + i)));
+    }
+    q.rng_marks.push_back(q.sampler.rng_state());
   }
 
-  uint64_t generated_before = 0;
-  for (const Entry& e : entries) generated_before += e.seq->generated.size();
+  uint64_t generated_before = 0, drafted = 0, accepted = 0;
+  for (const Entry& e : entries) {
+    generated_before += e.seq->generated.size();
+    drafted -= e.seq->n_drafted;
+    accepted -= e.seq->n_accepted;
+  }
   if (batch.size() > 0) {
     bool failed = false;
     std::string error;
@@ -524,6 +627,11 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
         } else {
           s.feed.clear();
         }
+        if (e.n_drafts > 0) {
+          check_drafts(s, e, k);
+          k += e.n_drafts + 1;
+          continue;
+        }
         s.position += e.n_rows;
         if (!e.gets_token) continue;
         if (e.samples) {
@@ -538,7 +646,11 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     }
   }
   uint64_t generated_after = 0;
-  for (const Entry& e : entries) generated_after += e.seq->generated.size();
+  for (const Entry& e : entries) {
+    generated_after += e.seq->generated.size();
+    drafted += e.seq->n_drafted;
+    accepted += e.seq->n_accepted;
+  }
 
   {
     std::lock_guard lock(mutex);
@@ -549,6 +661,8 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     if (cache) stats.cache = cache->stats();
     stats.prompt_tokens += prompt_rows;
     stats.generated_tokens += generated_after - generated_before;
+    stats.drafted_tokens += drafted;
+    stats.accepted_tokens += accepted;
     for (const auto& s : ended) {
       ++stats.finished;
       if (s->update.finish == FinishReason::kCancelled) ++stats.cancelled;

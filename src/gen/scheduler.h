@@ -22,6 +22,7 @@
 #include "chat/parse.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "gen/draft.h"
 #include "gen/generator.h"
 #include "gen/prefix_cache.h"
 #include "sample/sampler.h"
@@ -47,6 +48,8 @@ struct SequenceParams {
   int top_logprobs = -1;
   // Set: the generated text is also read by a chat::ReplyParser with these options.
   std::optional<chat::ReplyParserOptions> parse;
+  // Draft when the scheduler drafts (SchedulerOptions::draft); the output is the same either way.
+  bool draft = true;
 };
 
 struct TokenLogprob {
@@ -75,6 +78,9 @@ struct SequenceUpdate {
   int64_t n_prompt = 0;         // prompt tokens
   int64_t n_cached = 0;         // prompt tokens restored from the prefix cache, not prefilled
   int64_t n_generated = 0;      // generated tokens (forced included, stop token excluded)
+  int64_t n_drafted = 0;        // drafted tokens checked (speculative decoding)
+  int64_t n_accepted = 0;       // of those, accepted
+  int64_t n_checks = 0;         // steps that checked drafts
   double queue_seconds = 0;     // submit to admission
   double prompt_seconds = 0;    // admission to the first generated token
   double generate_seconds = 0;  // first generated token to the end
@@ -95,6 +101,9 @@ struct SchedulerOptions {
   // A prompt chunk ends at each of those positions (a snapshot is taken between steps).
   bool prefix_cache = false;
   PrefixCacheOptions cache;
+  // Speculative decoding (gen/draft.h): a decoding sequence's drafts are extra rows of its span
+  // in the step; the engine needs verify_rows >= draft.max_tokens + 1.
+  DraftOptions draft;
 };
 
 struct SchedulerStats {
@@ -104,6 +113,7 @@ struct SchedulerStats {
   int64_t kv_pages_cached = 0;  // held only by the prefix cache
   uint64_t submitted = 0, finished = 0, cancelled = 0;  // finished: every end, cancelled included
   uint64_t prompt_tokens = 0, generated_tokens = 0;     // totals since start (prefilled prompt)
+  uint64_t drafted_tokens = 0, accepted_tokens = 0;     // speculative decoding, since start
   PrefixCacheStats cache;                               // zeros with the cache off
 };
 

@@ -64,6 +64,11 @@ class Sampler {
   ops::SamplingRow next_row(std::span<const int32_t> history);
 
   const SamplingParams& params() const { return params_; }
+  // The generator's position in its stream: a speculative check draws a number for each row it
+  // samples, then puts the generator back to just after the rows it used, so drafting never
+  // changes which number picks which token.
+  uint64_t rng_state() const { return state_; }
+  void set_rng_state(uint64_t state) { state_ = state; }
 
  private:
   ops::SamplingRow row(std::span<const int32_t> history, double u) const;

@@ -525,7 +525,8 @@ void Server::load() {
       std::make_unique<gen::Scheduler>(*s.engine, *s.tokenizer,
                                        gen::SchedulerOptions{.max_queue = s.options.max_queue,
                                                              .prefix_cache = s.options.prefix_cache,
-                                                             .cache = s.options.cache});
+                                                             .cache = s.options.cache,
+                                                             .draft = s.options.draft});
   s.services = {.scheduler = s.scheduler.get(),
                 .metrics = &s.metrics,
                 .request_timeout = s.options.request_timeout};

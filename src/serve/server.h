@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "gen/draft.h"
 #include "gen/prefix_cache.h"
 #include "serve/http.h"
 
@@ -23,6 +24,7 @@ struct ServeOptions {
   double request_timeout = 600;  // seconds from arrival to the end of the answer; 0: none
   bool prefix_cache = true;      // gen/prefix_cache.h; engine.cache_kv_bytes sizes its KV room
   gen::PrefixCacheOptions cache;
+  gen::DraftOptions draft;  // speculative decoding; engine.verify_rows must fit draft.max_tokens
 };
 
 class Server {

@@ -1,0 +1,60 @@
+// Drafting for speculative decoding: a drafter proposes the next tokens of a sequence, the trunk
+// checks them all in one step (the sequence's fed token and its drafts as rows of one span), and
+// the sequence keeps the drafts up to the first the trunk would not have produced, plus the
+// trunk's own token after them (Engine::rollback drops the rest).
+//
+// Exactness: drafts are deterministic (no random draw), so the speculative-sampling rule
+// "accept draft d with probability min(1, p(d) / q(d)), else sample from norm(max(0, p - q))"
+// has q one-hot at d: accept with probability p(d), else sample from p without d. Sampling the
+// check's row with its own uniform number and accepting when the sampled token is d does exactly
+// that, with the same number the plain loop would have used for that position. So drafting
+// changes no output: greedy or sampled, with a seed, the tokens are those of plain decoding.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace qwenrt::gen {
+
+enum class DraftKind { kNone, kNgram };
+const char* draft_kind_name(DraftKind kind);  // "none", "ngram"
+
+struct DraftOptions {
+  DraftKind kind = DraftKind::kNone;
+  int max_tokens = 4;  // drafts per check at most (the engine's verify_rows must be one more)
+  // n-gram drafting: the longest suffix of the text that occurred before, from ngram_max tokens
+  // down to ngram_min, proposes what followed its most recent earlier occurrence.
+  int ngram_min = 2;
+  int ngram_max = 4;
+};
+
+// Prompt lookup: up to `max` tokens that followed the most recent earlier occurrence of the last
+// n tokens of text = prompt ++ generated (n from max_n down to min_n, the first n that occurs).
+// Empty when nothing matches.
+void draft_ngram(std::span<const int32_t> prompt, std::span<const int32_t> generated, int min_n,
+                 int max_n, int max, std::vector<int32_t>& out);
+
+// How deep a sequence drafts next, from how its checks went: the depth grows by one after a check
+// whose drafts were all accepted and falls to one more than the accepted count after a miss;
+// after kMissesToPause checks in a row that accepted nothing, drafting pauses for kPauseSteps
+// decode steps (plain steps cost least when the drafter keeps missing).
+class DraftController {
+ public:
+  explicit DraftController(int max_depth = 0) : max_(max_depth), depth_(max_depth) {}
+  // Drafts wanted for the next step (0: a plain step); counts a paused step.
+  int depth();
+  void record(int drafted, int accepted);
+
+  static constexpr int kMissesToPause = 4;
+  static constexpr int kPauseSteps = 16;
+
+ private:
+  int max_;
+  int depth_;
+  int misses_ = 0;
+  int paused_ = 0;
+};
+
+}  // namespace qwenrt::gen

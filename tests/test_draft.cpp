@@ -1,0 +1,239 @@
+// Speculative decoding (gen/draft.h): the n-gram drafter, the depth controller, and exactness:
+// greedy and seeded sampled outputs with drafting are token for token those without it, on the
+// tiny trained models (dense and MoE), at depths 1..6, beside sequences that do not draft, across
+// checks that end in a stop token, max tokens or a thinking budget.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "gen/draft.h"
+#include "gen/scheduler.h"
+#include "gen/turn.h"
+#include "ops/cpu/isa.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qwenrt::gen {
+namespace {
+
+const std::string kRoot = std::string(QWENRT_SOURCE_DIR) + "/";
+
+TEST(DraftNgram, ProposesWhatFollowedTheMostRecentLongestMatch) {
+  std::vector<int32_t> out;
+  // text: 1 2 3 4 5 | 9 2 3 7 8 | 2 3  -> the last 2 tokens (2 3) occurred at 1 and 6; the most
+  // recent is at 6: drafts 7 8 2 (then the text ends).
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 9, 2, 3, 7, 8};
+  draft_ngram(prompt, std::vector<int32_t>{2, 3}, 2, 4, 5, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{7, 8, 2, 3}));
+  // A longer match wins over a more recent shorter one: 1 2 3 occurs once, at 0.
+  draft_ngram(prompt, std::vector<int32_t>{1, 2, 3}, 2, 4, 3, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{4, 5, 9}));
+  // At most `max` tokens.
+  draft_ngram(prompt, std::vector<int32_t>{2, 3}, 2, 4, 1, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{7}));
+  // No match of at least min_n tokens: nothing.
+  draft_ngram(prompt, std::vector<int32_t>{6, 3}, 2, 4, 4, out);
+  EXPECT_TRUE(out.empty());
+  // With min_n 1 the single last token matches.
+  draft_ngram(prompt, std::vector<int32_t>{6, 3}, 1, 4, 2, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{7, 8}));
+  draft_ngram({}, {}, 1, 4, 4, out);
+  EXPECT_TRUE(out.empty());
+  draft_ngram(prompt, {}, 2, 4, 0, out);
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(DraftController, GrowsShrinksAndPauses) {
+  DraftController c(4);
+  EXPECT_EQ(c.depth(), 4);
+  c.record(4, 1);
+  EXPECT_EQ(c.depth(), 2);
+  c.record(2, 2);
+  EXPECT_EQ(c.depth(), 3);
+  for (int i = 0; i < DraftController::kMissesToPause; ++i) c.record(3, 0);
+  for (int i = 0; i < DraftController::kPauseSteps; ++i) EXPECT_EQ(c.depth(), 0) << i;
+  EXPECT_EQ(c.depth(), 1);
+  c.record(0, 0);  // nothing drafted: no change
+  EXPECT_EQ(c.depth(), 1);
+  EXPECT_EQ(DraftController(0).depth(), 0);
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  SequenceUpdate last;
+  int dones = 0;
+};
+
+Sink collect(Outcome& o) {
+  return [&o](SequenceUpdate&& u) {
+    o.tokens.insert(o.tokens.end(), u.tokens.begin(), u.tokens.end());
+    o.text += u.text;
+    if (u.done) {
+      ++o.dones;
+      o.last = std::move(u);
+    }
+  };
+}
+
+// Below AVX-512 the cpu matmul's GEMV serves every row count, so a row's result does not depend
+// on how many rows its step has: drafted and plain runs are then bit-comparable.
+class MatmulIsaCap {
+ public:
+  MatmulIsaCap() {
+    if (ops::cpu::active_isa() > ops::cpu::Isa::kAvx2)
+      ops::cpu::set_isa_for_testing(ops::cpu::Isa::kAvx2);
+  }
+  ~MatmulIsaCap() { ops::cpu::set_isa_for_testing(ops::cpu::detected_isa()); }
+};
+
+struct ModelCase {
+  const char* file;
+  const char* backend;
+};
+
+class DraftExactTest : public ::testing::TestWithParam<ModelCase> {
+ protected:
+  void SetUp() override {
+    engine::EngineOptions o;
+    o.backend = GetParam().backend;
+    o.n_threads = 2;
+    o.n_slots = 3;
+    o.n_ctx = 2048;
+    o.verify_rows = 7;
+    engine_ = engine::Engine::load(kRoot + GetParam().file, o);
+    tokenizer_ =
+        std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(engine_->file()));
+  }
+  PreparedTurn chat_prompt(const std::string& user, bool thinking) const {
+    ChatTurn turn{.messages = chat::Json::array({{{"role", "user"}, {"content", user}}})};
+    turn.render.enable_thinking = thinking;
+    return prepare_turn(*tokenizer_, chat::dialect_for(engine_->identity().checkpoint), turn);
+  }
+  // Runs the sequences to their ends, all submitted at once.
+  std::vector<Outcome> run(const std::vector<SequenceParams>& seqs, DraftOptions draft) {
+    Scheduler s(*engine_, *tokenizer_, SchedulerOptions{.draft = draft});
+    std::vector<Outcome> out(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) s.submit(seqs[i], collect(out[i]));
+    while (s.step()) {
+    }
+    for (const auto& o : out) EXPECT_EQ(o.dones, 1);
+    return out;
+  }
+  static SequenceParams params(std::vector<int32_t> prompt, int max_tokens, float temperature,
+                               uint64_t seed) {
+    SequenceParams p;
+    p.prompt = std::move(prompt);
+    p.max_tokens = max_tokens;
+    p.sampling.temperature = temperature;
+    p.sampling.top_k = temperature > 0 ? 20 : 0;
+    p.sampling.top_p = temperature > 0 ? 0.95f : 1.0f;
+    p.sampling.repetition_penalty = temperature > 0 ? 1.05f : 1.0f;  // penalties see the drafts
+    p.sampling.seed = seed;
+    return p;
+  }
+  std::vector<SequenceParams> prompts(int max_tokens, float temperature) const {
+    std::vector<SequenceParams> out;
+    const char* users[] = {
+        "Repeat this sentence three times: the cat sat on the mat and looked at the door.",
+        "Write a python function that adds two numbers, then write it again with type hints.",
+        "What is 12 plus 30?"};
+    uint64_t seed = 11;
+    for (const char* u : users) {
+      out.push_back(params(chat_prompt(u, false).prompt, max_tokens, temperature, seed++));
+    }
+    const PreparedTurn thinking = chat_prompt(users[0], true);
+    out.push_back(params(thinking.prompt, max_tokens, temperature, seed++));
+    out.back().starts_in_thinking = thinking.thinking;
+    return out;
+  }
+
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+};
+
+void expect_same(const std::vector<Outcome>& plain, const std::vector<Outcome>& drafted,
+                 const std::string& what) {
+  ASSERT_EQ(plain.size(), drafted.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(drafted[i].tokens, plain[i].tokens) << what << ", sequence " << i;
+    EXPECT_EQ(drafted[i].text, plain[i].text) << what << ", sequence " << i;
+    EXPECT_EQ(drafted[i].last.finish, plain[i].last.finish) << what << ", sequence " << i;
+  }
+}
+
+TEST_P(DraftExactTest, GreedyOutputIsTheSameAtEveryDepth) {
+  MatmulIsaCap cap;
+  const bool ref = std::string(GetParam().backend) == "ref";
+  const int n_tokens = ref ? 60 : 300;
+  const auto seqs = prompts(n_tokens, 0.0f);
+  const auto plain = run(seqs, {});
+  int64_t accepted = 0;
+  for (int depth = 1; depth <= 6; ++depth) {
+    if (ref && depth % 2 == 0) continue;  // the oracle is slow: depths 1, 3, 5
+    const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = depth});
+    expect_same(plain, drafted, "depth " + std::to_string(depth));
+    for (const auto& o : drafted) {
+      EXPECT_LE(o.last.n_accepted, o.last.n_drafted);
+      accepted += o.last.n_accepted;
+    }
+  }
+  // The repeating prompts make the drafter hit: the checks did take drafts.
+  EXPECT_GT(accepted, 0);
+}
+
+TEST_P(DraftExactTest, SeededSamplingIsTheSame) {
+  MatmulIsaCap cap;
+  const bool ref = std::string(GetParam().backend) == "ref";
+  const auto seqs = prompts(ref ? 40 : 200, 0.8f);
+  const auto plain = run(seqs, {});
+  for (int depth : {2, 5}) {
+    const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = depth});
+    expect_same(plain, drafted, "depth " + std::to_string(depth));
+  }
+}
+
+TEST_P(DraftExactTest, MixedWithSequencesThatDoNotDraftAndWithLimits) {
+  MatmulIsaCap cap;
+  const bool ref = std::string(GetParam().backend) == "ref";
+  auto seqs = prompts(ref ? 40 : 120, 0.0f);
+  seqs[1].draft = false;        // this one runs plain in the drafting batches
+  seqs[2].max_tokens = 7;       // ends by length inside a check
+  seqs[3].thinking_budget = 9;  // a forced close right after drafted tokens
+  seqs[0].stop = {"mat and"};   // a stop string inside accepted drafts
+  const auto plain = run(seqs, {});
+  const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = 4});
+  expect_same(plain, drafted, "mixed");
+  EXPECT_EQ(drafted[1].last.n_checks, 0);
+}
+
+TEST_P(DraftExactTest, ConfigurationErrors) {
+  // The engine keeps states for 7 rows: 6 drafts at most.
+  EXPECT_THROW(Scheduler(*engine_, *tokenizer_,
+                         SchedulerOptions{.draft = {.kind = DraftKind::kNgram, .max_tokens = 7}}),
+               Error);
+  EXPECT_THROW(Scheduler(*engine_, *tokenizer_,
+                         SchedulerOptions{.draft = {.kind = DraftKind::kNgram,
+                                                    .max_tokens = 2,
+                                                    .ngram_min = 3,
+                                                    .ngram_max = 2}}),
+               Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DraftExactTest,
+                         ::testing::Values(ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "cpu"},
+                                           ModelCase{"models/qwen35moe-chat-tiny.Q4_K_M.gguf",
+                                                     "cpu"},
+                                           ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "ref"}),
+                         [](const auto& info) {
+                           return std::string(info.index == 1 ? "moe_" : "dense_") +
+                                  info.param.backend;
+                         });
+
+}  // namespace
+}  // namespace qwenrt::gen
