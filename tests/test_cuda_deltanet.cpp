@@ -107,7 +107,7 @@ struct DeltaCase {
   std::vector<int> counts;  // span lengths of the first step
   std::vector<int> slots;   // their slots (the state pool holds max(slots) + 2, the last unused)
   bool fresh = false;       // start from zero state (a new sequence's prefill)
-  bool chunked = false;     // the chunked kernels (QWENRT_CUDA_CHUNKED=1, mode kChunked)
+  bool chunked = false;     // the chunked kernels (mode kChunked); else QWENRT_CUDA_CHUNKED=0
 };
 
 // The layer's weights and step inputs, on the host and as placed / uploaded on the GPU.
@@ -271,7 +271,8 @@ class CudaDeltaNet : public ::testing::TestWithParam<DeltaCase> {};
 TEST_P(CudaDeltaNet, MatchesReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const DeltaCase& c = GetParam();
-  if (c.chunked) setenv("QWENRT_CUDA_CHUNKED", "1", 1);
+  // The chunked form is the default for long spans; the other cases hold the recurrent kernel.
+  setenv("QWENRT_CUDA_CHUNKED", c.chunked ? "1" : "0", 1);
   struct Unset {
     ~Unset() { unsetenv("QWENRT_CUDA_CHUNKED"); }
   } unset;

@@ -15,9 +15,9 @@
 // The extra kernel boundary costs about 1 us per layer (NOTES-gpu.md); the conv launch itself
 // moves n * C * 8 bytes.
 //
-// Both kernels are exact (no chunking): prefill runs the recurrence token by token. With
-// QWENRT_CUDA_CHUNKED=1, long spans take the chunked form instead (deltanet_chunked.cu; opt-in
-// until it has been checked on a GPU).
+// Both kernels are exact (no chunking): they run the recurrence token by token. Spans of 64 tokens
+// or more take the chunked form instead (deltanet_chunked.cu; QWENRT_CUDA_CHUNKED=0 turns it
+// off), except in a step that keeps states for a speculative check.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -452,7 +452,7 @@ constexpr int64_t kChunkedMinTokens = 64;
 
 bool use_chunked(const DeviceStep& step, const DeltaNetArgs& args) {
   const char* v = std::getenv("QWENRT_CUDA_CHUNKED");  // read per call: tests switch it
-  const bool enabled = v && std::string(v) == "1";
+  const bool enabled = !(v && std::string(v) == "0");
   if (!enabled || !deltanet_chunked_supported(args.head_dim)) return false;
   if (step.deltanet_mode == DeltaNetMode::kRecurrent || step.keep_states) return false;
   return step.deltanet_mode == DeltaNetMode::kChunked || step.max_span_count >= kChunkedMinTokens;

@@ -154,9 +154,9 @@ void attention_prefill(const DeviceStep& step, const AttentionArgs& args, int sp
 // Ops::deltanet for every span (ref::deltanet_spans): conv1d + SiLU with the slot's conv state,
 // L2 norms, gates, the gated delta rule with the slot's state, gated RMSNorm. The args' weights
 // (conv, dt_bias, a, norm) are F32 tensors placed in device memory.
-// Spans run the recurrence token by token, or (QWENRT_CUDA_CHUNKED=1, head_dim 64 or 128, a span
-// of kChunkedMinTokens or more, or the step's mode kChunked) the chunked form of
-// deltanet_chunked.cu. The chunked kernels are opt-in until they have been checked on a GPU.
+// Spans run the recurrence token by token, or (head_dim 64 or 128, a span of kChunkedMinTokens or
+// more, or the step's mode kChunked; not with QWENRT_CUDA_CHUNKED=0, nor in a step that keeps
+// states) the chunked form of deltanet_chunked.cu.
 int64_t deltanet_workspace_bytes(const DeviceStep& step, const DeltaNetArgs& args);
 void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
               cudaStream_t stream);

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Speculative decoding on the CPU: end-to-end decode tok/s and acceptance with and without n-gram
+# drafting, on the tiny trained models, for chat, arithmetic and code-like prompts (greedy,
+# thinking off). Each configuration runs REPEATS times in alternation; the table gives medians.
+#   bash bench/draft.sh [qwenrt binary] [threads] [repeats] > bench/results/draft-cpu.md
+set -euo pipefail
+bin=${1:-build/qwenrt}
+threads=${2:-1}
+repeats=${3:-5}
+models=(models/qwen35-chat-tiny.Q8_0.gguf models/qwen35moe-chat-tiny.Q4_K_M.gguf)
+declare -A prompts=(
+  [chat]="Tell me a short story about a cat who wants to see the sea."
+  [arith]="What is 12 plus 30? Then what is 42 plus 30? Then 72 plus 30?"
+  [code]="Write a python function that adds two numbers, then write the same function again with type hints and a docstring."
+  [quote]="Repeat this sentence three times: the quick brown fox jumps over the lazy dog near the river bank."
+)
+echo "# Speculative decoding on the CPU (n-gram drafts)"
+echo
+echo "\`bash bench/draft.sh $bin $threads $repeats\` on $(nproc) cores, $(date -u +%Y-%m-%d), git $(git rev-parse --short HEAD)."
+echo "Greedy, --no-think, -n 200, --backend cpu -t $threads; medians of $repeats alternating runs."
+echo
+echo "| model | prompt | draft | tok/s | drafted | accepted | rate | speedup |"
+echo "|---|---|---|---:|---:|---:|---:|---:|"
+for m in "${models[@]}"; do
+  for p in chat arith code quote; do
+    declare -A rates=() ; plain_med=0
+    for mode in none ngram2 ngram4; do : > /tmp/draft-$mode.txt; done
+    for ((r = 0; r < repeats; ++r)); do
+      for mode in none ngram2 ngram4; do
+        case $mode in none) args="--draft none";; ngram2) args="--draft ngram --draft-max 2";; ngram4) args="--draft ngram --draft-max 4";; esac
+        line=$($bin run -m "$m" -p "${prompts[$p]}" --no-think --temp 0 -n 200 --backend cpu -t "$threads" $args 2>&1 >/dev/null | grep -E '^\[prompt' | tail -1)
+        echo "$line" >> /tmp/draft-$mode.txt
+      done
+    done
+    for mode in none ngram2 ngram4; do
+      tps=$(sed -E 's/.*generated [0-9]+ tokens, ([0-9.]+) tok\/s.*/\1/' /tmp/draft-$mode.txt | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+      dr=$(grep -oE 'drafted [0-9]+' /tmp/draft-$mode.txt | head -1 | awk '{print $2}'); dr=${dr:-0}
+      ac=$(grep -oE 'accepted [0-9]+' /tmp/draft-$mode.txt | head -1 | awk '{print $2}'); ac=${ac:-0}
+      [ "$mode" = none ] && plain_med=$tps
+      rate=$(awk -v a="$ac" -v d="$dr" 'BEGIN {if (d > 0) printf "%.0f%%", 100 * a / d; else print "-"}')
+      sp=$(awk -v t="$tps" -v p="$plain_med" 'BEGIN {printf "%.2fx", t / p}')
+      echo "| $(basename "$m" .gguf) | $p | $mode | $tps | $dr | $ac | $rate | $sp |"
+    done
+  done
+done
