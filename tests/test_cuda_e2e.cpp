@@ -149,8 +149,10 @@ TEST(CudaEndToEnd, GraphReplayEqualsEagerSteps) {
 // one row, which the resident GEMV computes; together they take the staged GEMV (matmul.cu): the
 // same int8 activations and weights summed in another order (CudaMatmulLaunchers.
 // ResidentGemvMatchesReference holds the two kernels to 1e-5 of each other), which this MoE
-// model's routing and recurrent state amplify to a few 1e-3 in a log-probability by the tenth
-// token (measured 6.7e-3 on the H200), hence the tolerance. The prompts are at least 32 tokens,
+// model's routing and recurrent state amplify to a few 1e-2 in a log-probability: measured
+// 6.7e-3 by the tenth token with the fp32 prefill attention, 3.1e-2 at token 13 since the prefill
+// attention runs on tensor cores (f16 inputs: another starting state; the prefill itself is
+// bit-identical alone and in a batch, PrefillInABatchEqualsPrefillAlone), hence the tolerance. The prompts are at least 32 tokens,
 // so alone and together they are prefilled by the same (bf16 GEMM) path: a prompt of fewer rows
 // would take the int8 GEMV, and the two quantisations differ by more than summation order
 // (measured 6.3e-2 in a log-probability at the tenth token with 20-token prompts alone).
@@ -187,8 +189,45 @@ TEST(CudaEndToEnd, BatchedDecodeEqualsDecodeAlone) {
     e->step_sample(b, rows, 0, out);
     for (int s = 0; s < kSeqs; ++s) {
       ASSERT_EQ(out[s].id, alone[s][i].id) << "sequence " << s << " token " << i;
-      EXPECT_NEAR(out[s].logprob, alone[s][i].logprob, 2e-2) << "sequence " << s << " token " << i;
+      EXPECT_NEAR(out[s].logprob, alone[s][i].logprob, 6e-2) << "sequence " << s << " token " << i;
       last[s] = out[s].id;
+    }
+  }
+}
+
+// A prompt prefilled beside others gives the logits it gives alone: the prefill kernels (GEMMs,
+// flash attention, chunked delta rule) compute a span's rows from that span only. Measured on the
+// H200: bit-identical (rel L2 0) for all three trained models, flash and chunked on or off.
+TEST(CudaEndToEnd, PrefillInABatchEqualsPrefillAlone) {
+  if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const Prompt& p : trained_prompts()) {
+    constexpr int kSeqs = 3;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int s = 0; s < kSeqs; ++s)
+      prompts.emplace_back(p.ids.begin() + 4 * s, p.ids.begin() + 4 * s + 33 + 3 * s);
+    std::vector<std::vector<float>> alone;
+    auto e1 = load(p.gguf, "cuda");
+    for (int s = 0; s < kSeqs; ++s) {
+      e1->states().reset(0);
+      Batch b;
+      for (size_t i = 0; i < prompts[s].size(); ++i)
+        b.add(0, prompts[s][i], static_cast<int32_t>(i), true);
+      alone.push_back(e1->step(b));
+    }
+    auto e = load(p.gguf, "cuda", kSeqs);
+    Batch b;
+    for (int s = 0; s < kSeqs; ++s)
+      for (size_t i = 0; i < prompts[s].size(); ++i)
+        b.add(s, prompts[s][i], static_cast<int32_t>(i), true);
+    const auto together = e->step(b);
+    size_t off = 0;
+    for (int s = 0; s < kSeqs; ++s) {
+      const std::vector<float> part(together.begin() + off,
+                                    together.begin() + off + alone[s].size());
+      off += alone[s].size();
+      const double err = testing_support::rel_l2(part, alone[s]);
+      std::printf("[prefill] %s sequence %d: batch vs alone rel L2 %.3g\n", p.gguf.c_str(), s, err);
+      EXPECT_LT(err, 1e-5) << p.gguf << " sequence " << s;
     }
   }
 }
