@@ -116,13 +116,22 @@ class DraftExactTest : public ::testing::TestWithParam<ModelCase> {
     return prepare_turn(*tokenizer_, chat::dialect_for(engine_->identity().checkpoint), turn);
   }
   // Runs the sequences to their ends, all submitted at once.
-  std::vector<Outcome> run(const std::vector<SequenceParams>& seqs, DraftOptions draft) {
-    Scheduler s(*engine_, *tokenizer_, SchedulerOptions{.draft = draft});
-    std::vector<Outcome> out(seqs.size());
-    for (size_t i = 0; i < seqs.size(); ++i) s.submit(seqs[i], collect(out[i]));
-    while (s.step()) {
+  // Runs the sequences to their ends, all submitted at once, `rounds` times through one scheduler
+  // (with the prefix cache, the later rounds resume from the earlier ones' snapshots); the last
+  // round's outcomes.
+  std::vector<Outcome> run(const std::vector<SequenceParams>& seqs, DraftOptions draft,
+                           bool prefix_cache = false, int rounds = 1) {
+    Scheduler s(*engine_, *tokenizer_,
+                SchedulerOptions{.prefix_cache = prefix_cache, .draft = draft});
+    std::vector<Outcome> out;
+    for (int r = 0; r < rounds; ++r) {
+      out.assign(seqs.size(), Outcome{});
+      for (size_t i = 0; i < seqs.size(); ++i) s.submit(seqs[i], collect(out[i]));
+      while (s.step()) {
+      }
+      for (const auto& o : out) EXPECT_EQ(o.dones, 1);
     }
-    for (const auto& o : out) EXPECT_EQ(o.dones, 1);
+    last_stats_ = s.stats();
     return out;
   }
   static SequenceParams params(std::vector<int32_t> prompt, int max_tokens, float temperature,
@@ -155,6 +164,7 @@ class DraftExactTest : public ::testing::TestWithParam<ModelCase> {
 
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  SchedulerStats last_stats_;
 };
 
 void expect_same(const std::vector<Outcome>& plain, const std::vector<Outcome>& drafted,
@@ -210,6 +220,24 @@ TEST_P(DraftExactTest, MixedWithSequencesThatDoNotDraftAndWithLimits) {
   const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = 4});
   expect_same(plain, drafted, "mixed");
   EXPECT_EQ(drafted[1].last.n_checks, 0);
+}
+
+// The prefix cache snapshots the end of each reply: a check that ends a sequence must leave the
+// slot at what was taken, or the next round would resume from a wrong state. (Compared with the
+// cache on in both runs: resuming cuts the prefill differently, which rounds differently.)
+TEST_P(DraftExactTest, WithThePrefixCache) {
+  MatmulIsaCap cap;
+  const bool ref = std::string(GetParam().backend) == "ref";
+  const auto seqs = prompts(ref ? 30 : 100, 0.0f);
+  const auto plain = run(seqs, {}, true, 2);
+  const uint64_t plain_inserts = last_stats_.cache.inserts;
+  const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = 4}, true, 2);
+  expect_same(plain, drafted, "prefix cache, second round");
+  for (const auto& o : drafted) EXPECT_GT(o.last.n_cached, 0);
+  // Every reply's end went in (an entry whose slot held more rows than its tokens is refused).
+  EXPECT_GT(plain_inserts, 0u);
+  EXPECT_EQ(last_stats_.cache.inserts, plain_inserts);
+  EXPECT_GT(last_stats_.accepted_tokens, 0u);
 }
 
 TEST_P(DraftExactTest, ConfigurationErrors) {
