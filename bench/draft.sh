@@ -23,7 +23,7 @@ echo "| model | prompt | draft | tok/s | drafted | accepted | rate | speedup |"
 echo "|---|---|---|---:|---:|---:|---:|---:|"
 for m in "${models[@]}"; do
   for p in chat arith code quote; do
-    declare -A rates=() ; plain_med=0
+    plain_med=0
     for mode in none ngram2 ngram4; do : > /tmp/draft-$mode.txt; done
     for ((r = 0; r < repeats; ++r)); do
       for mode in none ngram2 ngram4; do
@@ -34,8 +34,8 @@ for m in "${models[@]}"; do
     done
     for mode in none ngram2 ngram4; do
       tps=$(sed -E 's/.*generated [0-9]+ tokens, ([0-9.]+) tok\/s.*/\1/' /tmp/draft-$mode.txt | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-      dr=$(grep -oE 'drafted [0-9]+' /tmp/draft-$mode.txt | head -1 | awk '{print $2}'); dr=${dr:-0}
-      ac=$(grep -oE 'accepted [0-9]+' /tmp/draft-$mode.txt | head -1 | awk '{print $2}'); ac=${ac:-0}
+      dr=$({ grep -oE 'drafted [0-9]+' /tmp/draft-$mode.txt || true; } | head -1 | awk '{print $2}'); dr=${dr:-0}
+      ac=$({ grep -oE 'accepted [0-9]+' /tmp/draft-$mode.txt || true; } | head -1 | awk '{print $2}'); ac=${ac:-0}
       [ "$mode" = none ] && plain_med=$tps
       rate=$(awk -v a="$ac" -v d="$dr" 'BEGIN {if (d > 0) printf "%.0f%%", 100 * a / d; else print "-"}')
       sp=$(awk -v t="$tps" -v p="$plain_med" 'BEGIN {printf "%.2fx", t / p}')
