@@ -169,8 +169,8 @@ bool in_step(const Step& step, int slot) {
 }
 
 // One step on both backends from their current states, then the comparison.
-void run_step(const Layer& l, const Step& step, States& st, std::mt19937_64& rng,
-              const char* what, bool chunked) {
+void run_step(const Layer& l, const Step& step, States& st, std::mt19937_64& rng, const char* what,
+              bool chunked) {
   SCOPED_TRACE(what);
   Ops& ops = gpu();
   ops.reset_workspace();
@@ -294,35 +294,35 @@ TEST_P(CudaDeltaNet, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaDeltaNet,
-    ::testing::Values(DeltaCase{"decode_1", 2, 4, 64, {1}, {1}},
-                      DeltaCase{"decode_3_slots_out_of_order", 2, 4, 64, {1, 1, 1}, {2, 0, 1}},
-                      DeltaCase{"prefill_1_fresh", 2, 4, 64, {1}, {0}, true},
-                      DeltaCase{"prefill_63", 2, 4, 64, {63}, {1}},
-                      DeltaCase{"prefill_63_fresh", 2, 4, 128, {63}, {0}, true},
-                      DeltaCase{"prefill_200", 2, 4, 128, {200}, {2}},
-                      DeltaCase{"mixed_17_1_1", 2, 4, 64, {17, 1, 1}, {1, 3, 0}},
-                      DeltaCase{"mixed_17_1_1_d128", 2, 4, 128, {17, 1, 1}, {2, 0, 1}},
-                      DeltaCase{"straddling_conv_tiles", 2, 4, 64, {15, 2, 1, 30}, {3, 1, 0, 2}},
-                      DeltaCase{"qwen36_heads_decode", 16, 32, 128, {1, 1}, {1, 0}},
-                      DeltaCase{"qwen36_heads_mixed", 16, 32, 128, {9, 1}, {0, 2}},
-                      DeltaCase{"d32_hk1_hv3", 1, 3, 32, {40, 1}, {0, 1}},
-                      DeltaCase{"d96_hk_eq_hv", 2, 2, 96, {3, 1}, {1, 0}},
-                      DeltaCase{"d160_state_in_memory", 1, 2, 160, {5, 1}, {1, 0}},
-                      DeltaCase{"d256_state_in_memory", 1, 2, 256, {20, 1}, {0, 1}},
-                      // D not a multiple of 32: the one-thread-per-column kernel.
-                      DeltaCase{"d16_any_d_kernel", 2, 4, 16, {17, 1, 1}, {1, 2, 0}},
-                      DeltaCase{"d48_any_d_kernel", 1, 2, 48, {1, 1}, {0, 1}},
-                      // The chunked kernels: partial and whole chunks, several spans, Hk != Hv.
-                      DeltaCase{"chunked_1", 2, 4, 128, {1}, {1}, false, true},
-                      DeltaCase{"chunked_63", 2, 4, 128, {63}, {0}, false, true},
-                      DeltaCase{"chunked_64_fresh", 2, 4, 128, {64}, {0}, true, true},
-                      DeltaCase{"chunked_65", 2, 4, 128, {65}, {1}, false, true},
-                      DeltaCase{"chunked_1000", 2, 4, 128, {1000}, {0}, false, true},
-                      DeltaCase{"chunked_spans_130_1_64_7", 2, 4, 128, {130, 1, 64, 7},
-                                {2, 0, 3, 1}, false, true},
-                      DeltaCase{"chunked_qwen36_heads", 16, 32, 128, {200, 1}, {0, 1}, false,
-                                true},
-                      DeltaCase{"chunked_d64_hk1_hv3", 1, 3, 64, {150, 20}, {1, 0}, false, true}),
+    ::testing::Values(
+        DeltaCase{"decode_1", 2, 4, 64, {1}, {1}},
+        DeltaCase{"decode_3_slots_out_of_order", 2, 4, 64, {1, 1, 1}, {2, 0, 1}},
+        DeltaCase{"prefill_1_fresh", 2, 4, 64, {1}, {0}, true},
+        DeltaCase{"prefill_63", 2, 4, 64, {63}, {1}},
+        DeltaCase{"prefill_63_fresh", 2, 4, 128, {63}, {0}, true},
+        DeltaCase{"prefill_200", 2, 4, 128, {200}, {2}},
+        DeltaCase{"mixed_17_1_1", 2, 4, 64, {17, 1, 1}, {1, 3, 0}},
+        DeltaCase{"mixed_17_1_1_d128", 2, 4, 128, {17, 1, 1}, {2, 0, 1}},
+        DeltaCase{"straddling_conv_tiles", 2, 4, 64, {15, 2, 1, 30}, {3, 1, 0, 2}},
+        DeltaCase{"qwen36_heads_decode", 16, 32, 128, {1, 1}, {1, 0}},
+        DeltaCase{"qwen36_heads_mixed", 16, 32, 128, {9, 1}, {0, 2}},
+        DeltaCase{"d32_hk1_hv3", 1, 3, 32, {40, 1}, {0, 1}},
+        DeltaCase{"d96_hk_eq_hv", 2, 2, 96, {3, 1}, {1, 0}},
+        DeltaCase{"d160_state_in_memory", 1, 2, 160, {5, 1}, {1, 0}},
+        DeltaCase{"d256_state_in_memory", 1, 2, 256, {20, 1}, {0, 1}},
+        // D not a multiple of 32: the one-thread-per-column kernel.
+        DeltaCase{"d16_any_d_kernel", 2, 4, 16, {17, 1, 1}, {1, 2, 0}},
+        DeltaCase{"d48_any_d_kernel", 1, 2, 48, {1, 1}, {0, 1}},
+        // The chunked kernels: partial and whole chunks, several spans, Hk != Hv.
+        DeltaCase{"chunked_1", 2, 4, 128, {1}, {1}, false, true},
+        DeltaCase{"chunked_63", 2, 4, 128, {63}, {0}, false, true},
+        DeltaCase{"chunked_64_fresh", 2, 4, 128, {64}, {0}, true, true},
+        DeltaCase{"chunked_65", 2, 4, 128, {65}, {1}, false, true},
+        DeltaCase{"chunked_1000", 2, 4, 128, {1000}, {0}, false, true},
+        DeltaCase{
+            "chunked_spans_130_1_64_7", 2, 4, 128, {130, 1, 64, 7}, {2, 0, 3, 1}, false, true},
+        DeltaCase{"chunked_qwen36_heads", 16, 32, 128, {200, 1}, {0, 1}, false, true},
+        DeltaCase{"chunked_d64_hk1_hv3", 1, 3, 64, {150, 20}, {1, 0}, false, true}),
     [](const ::testing::TestParamInfo<DeltaCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -152,10 +152,11 @@ TEST(CudaEndToEnd, GraphReplayEqualsEagerSteps) {
 // model's routing and recurrent state amplify to a few 1e-2 in a log-probability: measured
 // 6.7e-3 by the tenth token with the fp32 prefill attention, 3.1e-2 at token 13 since the prefill
 // attention runs on tensor cores (f16 inputs: another starting state; the prefill itself is
-// bit-identical alone and in a batch, PrefillInABatchEqualsPrefillAlone), hence the tolerance. The prompts are at least 32 tokens,
-// so alone and together they are prefilled by the same (bf16 GEMM) path: a prompt of fewer rows
-// would take the int8 GEMV, and the two quantisations differ by more than summation order
-// (measured 6.3e-2 in a log-probability at the tenth token with 20-token prompts alone).
+// bit-identical alone and in a batch, PrefillInABatchEqualsPrefillAlone), hence the tolerance. The
+// prompts are at least 32 tokens, so alone and together they are prefilled by the same (bf16 GEMM)
+// path: a prompt of fewer rows would take the int8 GEMV, and the two quantisations differ by more
+// than summation order (measured 6.3e-2 in a log-probability at the tenth token with 20-token
+// prompts alone).
 TEST(CudaEndToEnd, BatchedDecodeEqualsDecodeAlone) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Prompt p = trained_prompts().back();  // the MoE model: routing differs per row

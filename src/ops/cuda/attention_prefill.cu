@@ -34,6 +34,7 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/paged_kv.cuh"
 #include "ops/cuda/pdl.cuh"
 
 namespace qwenrt::ops::cuda {
@@ -78,32 +79,6 @@ struct PrefillArgs {
   int tiles_per_span;  // the grid's tile bound
 };
 
-// Where key `pos` of span `sp` lives, as a float offset: into the pages (pos < n_past), or into the
-// step's new rows args.k / args.v (fresh = true). -1 when its page is missing (the host reserves
-// every page before the step; this only keeps a bad table from reading out of bounds).
-struct KeyAt {
-  int64_t offset;
-  bool fresh;
-};
-__device__ __forceinline__ KeyAt key_at(const PrefillArgs& a, const Span& sp, int pos) {
-  if (pos >= sp.n_past) return {(int64_t{sp.begin} + pos - sp.n_past) * a.kv_dim, true};
-  const int32_t page = a.page_tables[sp.slot * a.page_table_stride + pos / a.page_size];
-  if (page < 0) return {-1, false};
-  return {(int64_t{page} * a.page_size + pos % a.page_size) * a.kv_dim, false};
-}
-
-// 16-byte asynchronous global -> shared copy; valid = false zero-fills the 16 bytes and reads
-// nothing (src must still be a mapped address).
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
-  const unsigned dst_addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
