@@ -186,7 +186,8 @@ TEST_P(DraftExactTest, GreedyOutputIsTheSameAtEveryDepth) {
   int64_t accepted = 0;
   for (int depth = 1; depth <= 6; ++depth) {
     if (ref && depth % 2 == 0) continue;  // the oracle is slow: depths 1, 3, 5
-    const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = depth});
+    const auto drafted =
+        run(seqs, {.kind = DraftKind::kNgram, .max_tokens = depth, .pause_when_slower = false});
     expect_same(plain, drafted, "depth " + std::to_string(depth));
     for (const auto& o : drafted) {
       EXPECT_LE(o.last.n_accepted, o.last.n_drafted);
@@ -203,7 +204,8 @@ TEST_P(DraftExactTest, SeededSamplingIsTheSame) {
   const auto seqs = prompts(ref ? 40 : 200, 0.8f);
   const auto plain = run(seqs, {});
   for (int depth : {2, 5}) {
-    const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = depth});
+    const auto drafted =
+        run(seqs, {.kind = DraftKind::kNgram, .max_tokens = depth, .pause_when_slower = false});
     expect_same(plain, drafted, "depth " + std::to_string(depth));
   }
 }
@@ -217,7 +219,8 @@ TEST_P(DraftExactTest, MixedWithSequencesThatDoNotDraftAndWithLimits) {
   seqs[3].thinking_budget = 9;  // a forced close right after drafted tokens
   seqs[0].stop = {"mat and"};   // a stop string inside accepted drafts
   const auto plain = run(seqs, {});
-  const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = 4});
+  const auto drafted =
+      run(seqs, {.kind = DraftKind::kNgram, .max_tokens = 4, .pause_when_slower = false});
   expect_same(plain, drafted, "mixed");
   EXPECT_EQ(drafted[1].last.n_checks, 0);
 }
@@ -231,7 +234,8 @@ TEST_P(DraftExactTest, WithThePrefixCache) {
   const auto seqs = prompts(ref ? 30 : 100, 0.0f);
   const auto plain = run(seqs, {}, true, 2);
   const uint64_t plain_inserts = last_stats_.cache.inserts;
-  const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = 4}, true, 2);
+  const auto drafted =
+      run(seqs, {.kind = DraftKind::kNgram, .max_tokens = 4, .pause_when_slower = false}, true, 2);
   expect_same(plain, drafted, "prefix cache, second round");
   for (const auto& o : drafted) EXPECT_GT(o.last.n_cached, 0);
   // Every reply's end went in (an entry whose slot held more rows than its tokens is refused).

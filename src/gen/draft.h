@@ -28,6 +28,9 @@ struct DraftOptions {
   // down to ngram_min, proposes what followed its most recent earlier occurrence.
   int ngram_min = 2;
   int ngram_max = 4;
+  // Pause drafting while checks cost more per generated token than plain steps (the scheduler
+  // times its steps); off: draft whenever the drafter has something (tests).
+  bool pause_when_slower = true;
 };
 
 // Prompt lookup: up to `max` tokens that followed the most recent earlier occurrence of the last

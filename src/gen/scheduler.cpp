@@ -188,7 +188,32 @@ struct Scheduler::Impl {
   std::vector<Entry> entries;
   std::vector<ops::SamplingRow> rows;
   std::vector<ops::SampledToken> sampled;
+  // Whether checks pay on this engine: seconds per generated token of decode-only steps with and
+  // without checks (moving averages). When checks cost more per token than plain steps, drafting
+  // pauses for kCostPauseSteps steps, then is measured again.
+  struct DraftCost {
+    double plain = 0, check = 0;
+    int n_plain = 0, n_check = 0;
+    int paused = 0;
+  } draft_cost;
+  static constexpr int kCostSamples = 4;
+  static constexpr int kCostPauseSteps = 256;
+  void record_step_cost(bool checked, double seconds, uint64_t tokens);
 };
+
+void Scheduler::Impl::record_step_cost(bool checked, double seconds, uint64_t tokens) {
+  if (tokens == 0) return;
+  DraftCost& c = draft_cost;
+  const double per_token = seconds / static_cast<double>(tokens);
+  double& avg = checked ? c.check : c.plain;
+  int& n = checked ? c.n_check : c.n_plain;
+  avg = n == 0 ? per_token : 0.8 * avg + 0.2 * per_token;
+  ++n;
+  if (c.n_check >= kCostSamples && c.n_plain >= kCostSamples && c.check > c.plain) {
+    c.paused = kCostPauseSteps;
+    c.n_check = 0;  // measured afresh after the pause
+  }
+}
 
 std::unique_ptr<Sequence> Scheduler::Impl::make_sequence(SequenceParams params, Sink sink) {
   const auto& p = params;
@@ -394,7 +419,7 @@ void Scheduler::Impl::accept(Sequence& seq, int32_t token, const ops::SampledTok
 
 int32_t Scheduler::Impl::make_drafts(Sequence& seq) {
   seq.drafts.clear();
-  if (!seq.forced.empty()) return 0;
+  if (!seq.forced.empty() || draft_cost.paused > 0) return 0;
   int depth = seq.controller.depth();
   // Room: the drafts and the token after them must fit max_tokens and the context.
   const int64_t left_tokens = seq.params.max_tokens - static_cast<int64_t>(seq.generated.size());
@@ -588,6 +613,10 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     q.rng_marks.push_back(q.sampler.rng_state());
   }
 
+  Clock::time_point t_step = Clock::now();
+  if (draft_cost.paused > 0) --draft_cost.paused;
+  bool checked = false;
+  for (const Entry& e : entries) checked = checked || e.n_drafts > 0;
   uint64_t generated_before = 0, drafted = 0, accepted = 0;
   for (const Entry& e : entries) {
     generated_before += e.seq->generated.size();
@@ -603,6 +632,7 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
       for (const Entry& e : entries) pages += (e.n_rows + page - 1) / page + 1;
       cache->make_room(pages);
     }
+    t_step = Clock::now();
     try {
       engine.step_sample(batch, rows, n_top, sampled);
     } catch (const std::exception& ex) {
@@ -651,6 +681,11 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     drafted += e.seq->n_drafted;
     accepted += e.seq->n_accepted;
   }
+  // Decode-only steps (a prompt chunk would swamp the comparison).
+  if (options.draft.kind != DraftKind::kNone && options.draft.pause_when_slower &&
+      prompt_rows == 0 && batch.size() > 0)
+    record_step_cost(checked, seconds_between(t_step, Clock::now()),
+                     generated_after - generated_before);
 
   {
     std::lock_guard lock(mutex);

@@ -102,7 +102,10 @@ struct SchedulerOptions {
   bool prefix_cache = false;
   PrefixCacheOptions cache;
   // Speculative decoding (gen/draft.h): a decoding sequence's drafts are extra rows of its span
-  // in the step; the engine needs verify_rows >= draft.max_tokens + 1.
+  // in the step; the engine needs verify_rows >= draft.max_tokens + 1. Besides each sequence's
+  // depth controller, the scheduler times decode-only steps: when steps with checks cost more per
+  // generated token than steps without, drafting pauses for 256 steps, then is measured again.
+  // Timing decides only whether to draft, never what is generated.
   DraftOptions draft;
 };
 
