@@ -16,6 +16,7 @@
 #include "gen/scheduler.h"
 #include "gen/turn.h"
 #include "ops/cpu/isa.h"
+#include "support/isa_cap.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qwenrt::gen {
@@ -81,16 +82,9 @@ Sink collect(Outcome& o) {
   };
 }
 
-// Below AVX-512 the cpu matmul's GEMV serves every row count, so a row's result does not depend
-// on how many rows its step has: drafted and plain runs are then bit-comparable.
-class MatmulIsaCap {
- public:
-  MatmulIsaCap() {
-    if (ops::cpu::active_isa() > ops::cpu::Isa::kAvx2)
-      ops::cpu::set_isa_for_testing(ops::cpu::Isa::kAvx2);
-  }
-  ~MatmulIsaCap() { ops::cpu::set_isa_for_testing(ops::cpu::detected_isa()); }
-};
+// Below AVX-512 a row's result does not depend on how many rows its step has: drafted and plain
+// runs are then bit-comparable.
+using testing_support::MatmulIsaCap;
 
 struct ModelCase {
   const char* file;

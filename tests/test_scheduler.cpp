@@ -23,6 +23,7 @@
 #include "gen/scheduler.h"
 #include "gen/turn.h"
 #include "ops/cpu/isa.h"
+#include "support/isa_cap.h"
 #include "tokenizer/utf8.h"
 
 namespace qwenrt::gen {
@@ -219,18 +220,7 @@ class SchedulerTest : public ::testing::Test {
 
 // --- batch invariance --------------------------------------------------------------------------
 
-// Caps the cpu matmul's ISA while alive. At AVX-512 the cpu matmul runs n < 4 rows as a GEMV and
-// n >= 4 as a VNNI GEMM whose fp32 sums round differently (~1e-6 relative); the int8 activations
-// of the next matmul can turn that into a whole quantisation step, so a greedy near-tie may fall
-// the other way in a batch. Below AVX-512 the GEMV serves every n and a row's result does not
-// depend on the batch: tests that need bit-equal batches run there.
-class MatmulIsaCap {
- public:
-  explicit MatmulIsaCap(ops::cpu::Isa cap) {
-    if (ops::cpu::active_isa() > cap) ops::cpu::set_isa_for_testing(cap);
-  }
-  ~MatmulIsaCap() { ops::cpu::set_isa_for_testing(ops::cpu::detected_isa()); }
-};
+using testing_support::MatmulIsaCap;  // tests/support/isa_cap.h says why it is there
 
 struct BatchCase {
   const char* name;
