@@ -5,7 +5,9 @@
 // in registers) and 160 / 256 (state in memory); Hk != Hv, and 16 / 32 heads at D = 128. Compared:
 // out, the conv state (a copy of inputs: exact), the delta state, the slots outside the step (bit
 // for bit), then a second, decode step on each backend's own result (state continuity). Outputs
-// start NaN so an unwritten element fails.
+// start NaN so an unwritten element fails. The chunked form (spans 1 / 63 / 64 / 65 / 1000, several
+// spans in a step, D = 64 / 128) runs on tensor cores (tf32 products: kTf32RelL2) and, with
+// QWENRT_CUDA_CHUNKED_TC=0, in fp32 (1e-4).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -101,13 +103,31 @@ Step make_step(const std::vector<int>& counts, const std::vector<int>& slots,
   return s;
 }
 
+// Which kernels run a case: the recurrent kernel (QWENRT_CUDA_CHUNKED=0), or the chunked form
+// (the step's mode kChunked) on tensor cores (the default) or fp32 (QWENRT_CUDA_CHUNKED_TC=0).
+enum class Form { kRecurrent, kChunkedFp32, kChunkedTc };
+
+// Relative L2 bound of the tensor-core chunked form. Its products round their operands to tf32
+// (10-bit mantissa, round to nearest: relative error at most u = 2^-11 = 4.9e-4, rms u / sqrt(3)
+// = 2.8e-4 per operand), so one product of two rounded operands is off by ~4e-4 rms relative,
+// and a dot product of such terms by about as much relative to its size (the errors have random
+// signs). An output row passes through about three such products in series (k^ k^T into U and W
+// by the forward substitution, W S into D, q^ S0 + A D into O) and the state through two (W S,
+// the update), each error damped by the decays. A one-off host emulation of the chunked form with
+// these roundings (fp32 otherwise) against a double recurrence, on inputs drawn as here,
+// measured 2.7e-4
+// .. 3.7e-4 (out and state; D 64 and 128; spans 1, 65, 1000): 2e-3 leaves a margin of 5x (not yet
+// run on a GPU). A wrong fragment index, row, column tile or chunk boundary moves whole rows by
+// O(1), far above it (one wrong row of the 1000 is already ~3e-2).
+constexpr double kTf32RelL2 = 2e-3;
+
 struct DeltaCase {
   std::string name;
   int hk, hv, d;
   std::vector<int> counts;  // span lengths of the first step
   std::vector<int> slots;   // their slots (the state pool holds max(slots) + 2, the last unused)
   bool fresh = false;       // start from zero state (a new sequence's prefill)
-  bool chunked = false;     // the chunked kernels (mode kChunked); else QWENRT_CUDA_CHUNKED=0
+  Form form = Form::kRecurrent;
 };
 
 // The layer's weights and step inputs, on the host and as placed / uploaded on the GPU.
@@ -170,7 +190,8 @@ bool in_step(const Step& step, int slot) {
 
 // One step on both backends from their current states, then the comparison.
 void run_step(const Layer& l, const Step& step, States& st, std::mt19937_64& rng, const char* what,
-              bool chunked) {
+              Form form) {
+  const bool chunked = form != Form::kRecurrent;
   SCOPED_TRACE(what);
   Ops& ops = gpu();
   ops.reset_workspace();
@@ -239,12 +260,15 @@ void run_step(const Layer& l, const Step& step, States& st, std::mt19937_64& rng
   // Tolerances (relative L2): fp32 state and fp32 dot products against ref's double sums with a
   // float state, the bound the CPU backend's kernels are held to (1e-5; a host emulation of these
   // kernels measured <= 3e-7); against the chunked ref (kAuto), whose rounding differs, 1e-4.
-  // The chunked kernels round like the chunked ref: 1e-4 against both.
+  // The fp32 chunked kernels round like the chunked ref: 1e-4 against both. The tensor-core form:
+  // kTf32RelL2 against both.
+  const double tol = form == Form::kChunkedTc ? kTf32RelL2 : chunked ? 1e-4 : 1e-5;
+  const double tol_auto = form == Form::kChunkedTc ? kTf32RelL2 : 1e-4;
   const double eo = rel_l2(got, want), ed = rel_l2(got_delta, st.ref_delta);
-  EXPECT_LT(eo, chunked ? 1e-4 : 1e-5) << "out vs ref recurrent";
-  EXPECT_LT(ed, chunked ? 1e-4 : 1e-5) << "delta state vs ref recurrent";
-  EXPECT_LT(rel_l2(got, want_auto), 1e-4) << "out vs ref auto";
-  EXPECT_LT(rel_l2(got_delta, auto_delta), 1e-4) << "delta state vs ref auto";
+  EXPECT_LT(eo, tol) << "out vs ref recurrent";
+  EXPECT_LT(ed, tol) << "delta state vs ref recurrent";
+  EXPECT_LT(rel_l2(got, want_auto), tol_auto) << "out vs ref auto";
+  EXPECT_LT(rel_l2(got_delta, auto_delta), tol_auto) << "delta state vs ref auto";
   EXPECT_EQ(got_conv, st.ref_conv) << "conv state: the last K-1 inputs, copied";
   ::testing::Test::RecordProperty(what, sci(eo) + " / state " + sci(ed));
 
@@ -272,9 +296,14 @@ TEST_P(CudaDeltaNet, MatchesReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const DeltaCase& c = GetParam();
   // The chunked form is the default for long spans; the other cases hold the recurrent kernel.
-  setenv("QWENRT_CUDA_CHUNKED", c.chunked ? "1" : "0", 1);
+  // Its tensor-core kernels are the default; kChunkedFp32 holds the fp32 ones.
+  setenv("QWENRT_CUDA_CHUNKED", c.form != Form::kRecurrent ? "1" : "0", 1);
+  setenv("QWENRT_CUDA_CHUNKED_TC", c.form == Form::kChunkedFp32 ? "0" : "1", 1);
   struct Unset {
-    ~Unset() { unsetenv("QWENRT_CUDA_CHUNKED"); }
+    ~Unset() {
+      unsetenv("QWENRT_CUDA_CHUNKED");
+      unsetenv("QWENRT_CUDA_CHUNKED_TC");
+    }
   } unset;
   std::mt19937_64 rng(c.hk * 1000 + c.hv * 100 + c.d + c.counts.size() * 7 + c.counts[0]);
   const Layer layer(c.hk, c.hv, c.d, rng);
@@ -283,13 +312,13 @@ TEST_P(CudaDeltaNet, MatchesReference) {
 
   std::vector<int> n_past;
   for (size_t s = 0; s < c.counts.size(); ++s) n_past.push_back(c.fresh ? 0 : 5 + 11 * int(s));
-  run_step(layer, make_step(c.counts, c.slots, n_past, n_slots), states, rng, "step1", c.chunked);
+  run_step(layer, make_step(c.counts, c.slots, n_past, n_slots), states, rng, "step1", c.form);
 
   // Step 2: every slot of step 1 decodes one more token, in the same slot order.
   std::vector<int> n_past2;
   for (size_t s = 0; s < c.counts.size(); ++s) n_past2.push_back(n_past[s] + c.counts[s]);
   run_step(layer, make_step(std::vector<int>(c.counts.size(), 1), c.slots, n_past2, n_slots),
-           states, rng, "step2_decode", c.chunked);
+           states, rng, "step2_decode", c.form);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -313,16 +342,51 @@ INSTANTIATE_TEST_SUITE_P(
         // D not a multiple of 32: the one-thread-per-column kernel.
         DeltaCase{"d16_any_d_kernel", 2, 4, 16, {17, 1, 1}, {1, 2, 0}},
         DeltaCase{"d48_any_d_kernel", 1, 2, 48, {1, 1}, {0, 1}},
-        // The chunked kernels: partial and whole chunks, several spans, Hk != Hv.
-        DeltaCase{"chunked_1", 2, 4, 128, {1}, {1}, false, true},
-        DeltaCase{"chunked_63", 2, 4, 128, {63}, {0}, false, true},
-        DeltaCase{"chunked_64_fresh", 2, 4, 128, {64}, {0}, true, true},
-        DeltaCase{"chunked_65", 2, 4, 128, {65}, {1}, false, true},
-        DeltaCase{"chunked_1000", 2, 4, 128, {1000}, {0}, false, true},
+        // The chunked kernels on tensor cores (the default): partial and whole chunks, several
+        // spans, Hk != Hv, D = 64 and 128.
+        DeltaCase{"chunked_tc_1", 2, 4, 128, {1}, {1}, false, Form::kChunkedTc},
+        DeltaCase{"chunked_tc_63", 2, 4, 128, {63}, {0}, false, Form::kChunkedTc},
+        DeltaCase{"chunked_tc_64_fresh", 2, 4, 128, {64}, {0}, true, Form::kChunkedTc},
+        DeltaCase{"chunked_tc_65", 2, 4, 128, {65}, {1}, false, Form::kChunkedTc},
+        DeltaCase{"chunked_tc_1000", 2, 4, 128, {1000}, {0}, false, Form::kChunkedTc},
+        DeltaCase{"chunked_tc_spans_130_1_64_7",
+                  2,
+                  4,
+                  128,
+                  {130, 1, 64, 7},
+                  {2, 0, 3, 1},
+                  false,
+                  Form::kChunkedTc},
         DeltaCase{
-            "chunked_spans_130_1_64_7", 2, 4, 128, {130, 1, 64, 7}, {2, 0, 3, 1}, false, true},
-        DeltaCase{"chunked_qwen36_heads", 16, 32, 128, {200, 1}, {0, 1}, false, true},
-        DeltaCase{"chunked_d64_hk1_hv3", 1, 3, 64, {150, 20}, {1, 0}, false, true}),
+            "chunked_tc_qwen36_heads", 16, 32, 128, {200, 1}, {0, 1}, false, Form::kChunkedTc},
+        DeltaCase{"chunked_tc_d64_hk1_hv3", 1, 3, 64, {150, 20}, {1, 0}, false, Form::kChunkedTc},
+        DeltaCase{"chunked_tc_d64_spans_1000_65_1",
+                  2,
+                  4,
+                  64,
+                  {1000, 65, 1},
+                  {2, 0, 1},
+                  false,
+                  Form::kChunkedTc},
+        DeltaCase{"chunked_tc_d64_63_fresh", 2, 6, 64, {63}, {0}, true, Form::kChunkedTc},
+        // The fp32 chunked kernels (QWENRT_CUDA_CHUNKED_TC=0), held to 1e-4.
+        DeltaCase{"chunked_fp32_1", 2, 4, 128, {1}, {1}, false, Form::kChunkedFp32},
+        DeltaCase{"chunked_fp32_63", 2, 4, 128, {63}, {0}, false, Form::kChunkedFp32},
+        DeltaCase{"chunked_fp32_64_fresh", 2, 4, 128, {64}, {0}, true, Form::kChunkedFp32},
+        DeltaCase{"chunked_fp32_65", 2, 4, 128, {65}, {1}, false, Form::kChunkedFp32},
+        DeltaCase{"chunked_fp32_1000", 2, 4, 128, {1000}, {0}, false, Form::kChunkedFp32},
+        DeltaCase{"chunked_fp32_spans_130_1_64_7",
+                  2,
+                  4,
+                  128,
+                  {130, 1, 64, 7},
+                  {2, 0, 3, 1},
+                  false,
+                  Form::kChunkedFp32},
+        DeltaCase{
+            "chunked_fp32_qwen36_heads", 16, 32, 128, {200, 1}, {0, 1}, false, Form::kChunkedFp32},
+        DeltaCase{
+            "chunked_fp32_d64_hk1_hv3", 1, 3, 64, {150, 20}, {1, 0}, false, Form::kChunkedFp32}),
     [](const ::testing::TestParamInfo<DeltaCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -20,67 +20,29 @@
 //      Value columns of S evolve independently, so a head's state splits four ways.
 //   3. output, block = (V head, chunk), all chunks in parallel: O from the saved start state and
 //      D, then the gated RMSNorm into out.
-// fp32 throughout on CUDA cores (no tensor cores yet). Spans of any length (a short one is one
-// partial chunk); D = 64 or 128.
+// Two forms of the same three launches. By default the chunk's matrix products run on tensor
+// cores (tf32 inputs, fp32 accumulation): prep's k^ k^T here, the state and output kernels in
+// deltanet_chunked_tc.cu; the forward substitution and the state stay fp32 on CUDA cores.
+// QWENRT_CUDA_CHUNKED_TC=0 selects this file's kernels, fp32 throughout on CUDA cores. Spans of
+// any length (a short one is one partial chunk); D = 64 or 128.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/deltanet_chunked.cuh"
 #include "ops/cuda/kernels.h"
 
 namespace qwenrt::ops::cuda {
 namespace {
 
-constexpr int kL = 64;         // chunk length
-constexpr int kThreads = 256;  // every kernel
-constexpr int kCols = 32;      // value columns per block in kernels 2 and 3
-
-struct ChunkParams {
-  const Span* spans;
-  int n_spans;
-  const float* mixed;  // [n, C]: q [Hk D] | k [Hk D] | v [Hv D] per row (conv + SiLU)
-  const float* z;      // [n, Hv D]
-  const float* alpha;  // [n, Hv]
-  const float* beta;   // [n, Hv]
-  const float* dt_bias;
-  const float* a;
-  const float* norm;   // [D]
-  float* delta_state;  // [n_slots, Hv, D, D]
-  float* out;          // [n, Hv D]
-  float* q;            // [n, Hk, D] normalised
-  float* k;            // [n, Hk, D] normalised
-  float* g;            // [n, Hv] cumulative log decay within the row's chunk
-  float* u;            // [n, Hv, D]: U from kernel 1, D after kernel 2
-  float* w;            // [n, Hv, D]
-  float* s0;           // [max_chunks, Hv, D, D]: each chunk's start state
-  int64_t C;
-  int Hk, Hv;
-  float eps;
-};
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
-__device__ __forceinline__ int chunks_of(const Span& s) {
-  return (s.count + kL - 1) / kL;
-}
-
-// The index'th chunk over all spans in span order: its span and number within the span.
-__device__ bool find_chunk(const ChunkParams& p, int index, Span& span, int& c) {
-  for (int s = 0; s < p.n_spans; ++s) {
-    const Span sp = p.spans[s];
-    const int n = chunks_of(sp);
-    if (index < n) {
-      span = sp;
-      c = index;
-      return true;
-    }
-    index -= n;
-  }
-  return false;
-}
+using chunked::ChunkParams;
+using chunked::chunks_of;
+using chunked::find_chunk;
+using chunked::kCols;
+using chunked::kL;
+using chunked::kThreads;
+using chunked::warp_sum;
 
 // The chunk's [kL][kL] dot products of rows of a with rows of b (both [kL][kD + 1] in shared
 // memory): thread = (row t, 16 columns s), each product handed to put(t, s, dot).
@@ -102,11 +64,20 @@ __device__ __forceinline__ void gram_rows(const float* a, const float* b, Put pu
 }
 
 // ---- 1. prep ----
-template <int kD>
+// Row stride of k^ in shared memory: kD + 1 for the fp32 gram_rows, kD + 4 (4 mod 32) for the
+// tensor-core fragment reads.
+constexpr int prep_k_stride(int d, bool tc) {
+  return tc ? d + 4 : d + 1;
+}
+
+// kTC: M's k^ k^T on tensor cores (tf32 inputs, fp32 accumulation), else fp32 FMA. The forward
+// substitution is fp32 on CUDA cores in both.
+template <int kD, bool kTC>
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(const ChunkParams p) {
+  constexpr int kS = prep_k_stride(kD, kTC);
   extern __shared__ float smem[];
-  float* sk = smem;                // [kL][kD + 1] normalised k
-  float* sM = sk + kL * (kD + 1);  // [kL][kL + 1]
+  float* sk = smem;          // [kL][kS] normalised k
+  float* sM = sk + kL * kS;  // [kL][kL + 1]
   __shared__ float s_g[kL], s_b[kL];
   const int h = blockIdx.x, hk = h % p.Hk;
   Span span;
@@ -150,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(const ChunkParams 
       for (int i = 0; i < kD / 32; ++i) kv[i] = 0;
     }
 #pragma unroll
-    for (int i = 0; i < kD / 32; ++i) sk[t * (kD + 1) + lane + 32 * i] = kv[i];
+    for (int i = 0; i < kD / 32; ++i) sk[t * kS + lane + 32 * i] = kv[i];
   }
   // Gates and the cumulative log decay (warp 0: lanes hold tokens lane and lane + 32).
   if (warp == 0) {
@@ -182,9 +153,14 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(const ChunkParams 
   if (tid < len) p.g[(row0 + tid) * p.Hv + h] = s_g[tid];
 
   // M = beta_t exp(g_t - g_s) (k^ k^T) below the diagonal.
-  gram_rows<kD>(sk, sk, [&](int t, int s, float dot) {
+  const auto put_m = [&](int t, int s, float dot) {
     sM[t * (kL + 1) + s] = s < t ? s_b[t] * expf(s_g[t] - s_g[s]) * dot : 0.0f;
-  });
+  };
+  if constexpr (kTC) {
+    chunked::gram_rows_tc<kD, kS>(sk, sk, put_m);
+  } else {
+    gram_rows<kD>(sk, sk, put_m);
+  }
   __syncthreads();
 
   // U and W: a thread per column of [beta v | beta Gamma k^], solved down the chunk's rows.
@@ -195,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(const ChunkParams 
       float x = 0;
       if (t < len) {
         x = col < kD ? s_b[t] * p.mixed[(row0 + t) * p.C + 2 * nk + int64_t{h} * kD + col]
-                     : s_b[t] * expf(s_g[t]) * sk[t * (kD + 1) + col - kD];
+                     : s_b[t] * expf(s_g[t]) * sk[t * kS + col - kD];
       }
 #pragma unroll
       for (int s = 0; s < t; ++s) x = fmaf(-sM[t * (kL + 1) + s], y[s], x);
@@ -357,8 +333,8 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(const ChunkParam
   }
 }
 
-constexpr size_t prep_smem(int d) {
-  return sizeof(float) * (size_t(kL) * (d + 1) + size_t(kL) * (kL + 1));
+constexpr size_t prep_smem(int d, bool tc) {
+  return sizeof(float) * (size_t(kL) * prep_k_stride(d, tc) + size_t(kL) * (kL + 1));
 }
 constexpr size_t state_smem(int d) {
   return sizeof(float) * (2 * size_t(kL) * (d + 1) + size_t(d) * kCols + size_t(kL) * kCols);
@@ -396,30 +372,44 @@ Layout layout_of(const DeviceStep& step, const DeltaNetArgs& args) {
   return l;
 }
 
-template <int kD>
+// Whether the chunk's products run on tensor cores (the default) or the fp32 kernels of this
+// file (QWENRT_CUDA_CHUNKED_TC=0: the tensor-core path is new; read per call, tests switch it).
+bool chunked_tensor_cores() {
+  const char* v = std::getenv("QWENRT_CUDA_CHUNKED_TC");
+  return !(v && std::string(v) == "0");
+}
+
+template <int kD, bool kTC>
 void launch(const DeviceStep& step, const ChunkParams& prm, cudaStream_t stream) {
+  // Function attributes, not stream operations: allowed while a graph is captured.
   static const bool attributes_set = [] {
-    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(chunk_prep_kernel<kD>,
+    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(chunk_prep_kernel<kD, kTC>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(prep_smem(kD))));
-    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel<kD>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(state_smem(kD))));
-    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(chunk_output_kernel<kD>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(output_smem(kD))));
+                                           static_cast<int>(prep_smem(kD, kTC))));
+    if constexpr (!kTC) {
+      QWENRT_CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel<kD>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(state_smem(kD))));
+      QWENRT_CUDA_CHECK(cudaFuncSetAttribute(chunk_output_kernel<kD>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(output_smem(kD))));
+    }
     return true;
   }();
   (void)attributes_set;
   const auto max_chunks = static_cast<unsigned>(step.n / kL + step.n_spans);
   const auto Hv = static_cast<unsigned>(prm.Hv);
-  chunk_prep_kernel<kD><<<dim3(Hv, max_chunks), kThreads, prep_smem(kD), stream>>>(prm);
+  chunk_prep_kernel<kD, kTC><<<dim3(Hv, max_chunks), kThreads, prep_smem(kD, kTC), stream>>>(prm);
   QWENRT_CUDA_CHECK_LAUNCH();
-  chunk_state_kernel<kD><<<dim3(Hv, kD / kCols, static_cast<unsigned>(step.n_spans)), kThreads,
-                           state_smem(kD), stream>>>(prm);
-  QWENRT_CUDA_CHECK_LAUNCH();
-  chunk_output_kernel<kD><<<dim3(Hv, max_chunks), kThreads, output_smem(kD), stream>>>(prm);
-  QWENRT_CUDA_CHECK_LAUNCH();
+  if constexpr (kTC) {
+    chunked::launch_state_output_tc<kD>(step, prm, stream);
+  } else {
+    chunk_state_kernel<kD><<<dim3(Hv, kD / kCols, static_cast<unsigned>(step.n_spans)), kThreads,
+                             state_smem(kD), stream>>>(prm);
+    QWENRT_CUDA_CHECK_LAUNCH();
+    chunk_output_kernel<kD><<<dim3(Hv, max_chunks), kThreads, output_smem(kD), stream>>>(prm);
+    QWENRT_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace
@@ -459,10 +449,11 @@ void deltanet_chunked(const DeviceStep& step, const DeltaNetArgs& args, const fl
                         .Hk = args.n_k_heads,
                         .Hv = args.n_v_heads,
                         .eps = args.eps};
+  const bool tc = chunked_tensor_cores();
   if (args.head_dim == 64) {
-    launch<64>(step, prm, stream);
+    tc ? launch<64, true>(step, prm, stream) : launch<64, false>(step, prm, stream);
   } else if (args.head_dim == 128) {
-    launch<128>(step, prm, stream);
+    tc ? launch<128, true>(step, prm, stream) : launch<128, false>(step, prm, stream);
   } else {
     cuda_fail("deltanet (chunked): head_dim " + std::to_string(args.head_dim) +
               " is not 64 or 128");
