@@ -28,7 +28,7 @@ void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, in
 // out [n, n_embd] from the normed x.
 template <class Ffn, class FfnFn>
 ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn ffn,
-                        int64_t n_out) {
+                        int64_t n_out, bool all_hidden) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
   const int64_t n = ctx.n, e = c.n_embd;
@@ -56,20 +56,31 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
     }
     ops.workspace_release(mark);
   }
-  if (n_out == 0) return {};
+  ForwardResult result;
+  if (all_hidden) {
+    // Apart from the output rows' own norm below, so that the logits are exactly those of a step
+    // that does not ask for every row's hidden state.
+    float* every = ops.alloc(n * e);
+    ops.rmsnorm(x, w.output_norm, every, n, e, c.rms_eps);
+    result.all_hidden = every;
+  }
+  if (n_out == 0) return result;
   float* last = ops.alloc(n_out * e);
   ops.gather_output_rows(x, e, last);
   ops.rmsnorm(last, w.output_norm, last, n_out, e, c.rms_eps);
   float* logits = ops.alloc(n_out * c.n_vocab);
   ops.matmul(w.output, last, logits, n_out);
-  return {.logits = logits, .hidden = last};
+  result.logits = logits;
+  result.hidden = last;
+  return result;
 }
 
 // The MTP block (SPEC.md "MTP head"): x = eh_proj [enorm(embed(next)); hnorm(hidden)], one gated
-// attention layer (state layer n_layer) and FFN with residuals anchored on x, then the head.
+// attention layer (state layer n_layer) and FFN with residuals anchored on x, then the head over
+// the step's n_out output rows.
 template <class Ffn, class FfnFn>
-const float* run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, FfnFn ffn,
-                     const float* hidden_in) {
+ForwardResult run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, FfnFn ffn,
+                      int64_t n_out, const float* hidden_in) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
   const int64_t n = ctx.n, e = c.n_embd;
@@ -90,10 +101,19 @@ const float* run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, F
   ops.add_rmsnorm(x, mixed, w.post_attn_norm, h, n, e, c.rms_eps);
   ffn(ctx, w.ffn, h, mixed);
   ops.add(x, mixed, x, n * e);
+  // The state after the head norm (shared_head_norm) is what a chained draft's row takes as its
+  // hidden input, as llama.cpp's qwen35 MTP chain (the MTP row's t_h_nextn after
+  // shared_head_norm) and vLLM's Qwen3.5 MTP (its output after self.norm) do.
   ops.rmsnorm(x, w.head_norm, x, n, e, c.rms_eps);
-  float* logits = ops.alloc(n * c.n_vocab);
-  ops.matmul(w.head, x, logits, n);
-  return logits;
+  if (n_out == 0) return {};
+  float* out = x;
+  if (n_out < n) {
+    out = ops.alloc(n_out * e);
+    ops.gather_output_rows(x, e, out);
+  }
+  float* logits = ops.alloc(n_out * c.n_vocab);
+  ops.matmul(w.head, out, logits, n_out);
+  return {.logits = logits, .hidden = out};
 }
 
 }  // namespace qwenrt::arch

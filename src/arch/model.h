@@ -17,6 +17,9 @@ using ops::DeltaNetMode;
 struct ForwardResult {
   const float* logits = nullptr;  // [n_output_rows, n_vocab]
   const float* hidden = nullptr;  // [n_output_rows, n_embd]: after output_norm (the MTP input)
+  // [n, n_embd]: every row's hidden state after output_norm, when the step asked for it (the MTP
+  // drafter feeds every position to the MTP block, not only the output rows).
+  const float* all_hidden = nullptr;
 };
 
 class Model {
@@ -25,18 +28,19 @@ class Model {
   virtual const model::Config& config() const = 0;
   // Runs the step of n rows laid out by the last ops.begin_step (its spans' slots advance in
   // `states`, whose pages the engine reserved); returns logits and hidden states of its n_out
-  // output rows.
-  virtual ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n,
-                                int64_t n_out) = 0;
+  // output rows, and with all_hidden the hidden states of all n rows.
+  virtual ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
+                                bool all_hidden) = 0;
 
   // Whether the file holds an MTP block.
   virtual bool has_mtp() const = 0;
   // The MTP block over the step's rows: row i pairs the trunk's hidden state `hidden` [n, n_embd]
   // (backend memory) at some position p with the step's token i = the token at p + 1; the step's
-  // positions are the MTP block's own (it keeps its own KV track). Returns draft logits for
-  // position p + 2 of every row [n, n_vocab] (every row is an output row).
-  virtual const float* mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n,
-                                   const float* hidden) = 0;
+  // positions are the MTP block's own (it keeps its own KV track). Returns, for its n_out output
+  // rows, draft logits for position p + 2 [n_out, n_vocab] and the block's hidden state after its
+  // head norm [n_out, n_embd] (a chained draft's input in place of the trunk's).
+  virtual ForwardResult mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n,
+                                    int64_t n_out, const float* hidden) = 0;
 };
 
 // Bind the file's tensors and place them on the backend.

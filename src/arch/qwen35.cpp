@@ -18,15 +18,15 @@ class Qwen35 final : public Model {
     model::for_each_weight(weights_, [&](Weight& w) { w = ops.place(w); });
   }
   const model::Config& config() const override { return config_; }
-  ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n,
-                        int64_t n_out) override {
-    return run_trunk(BlockContext{ops, config_, states, n}, weights_, dense_ffn, n_out);
+  ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
+                        bool all_hidden) override {
+    return run_trunk(BlockContext{ops, config_, states, n}, weights_, dense_ffn, n_out, all_hidden);
   }
   bool has_mtp() const override { return weights_.mtp.has_value(); }
-  const float* mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n,
-                           const float* hidden) override {
+  ForwardResult mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
+                            const float* hidden) override {
     if (!weights_.mtp) fail("this model has no MTP block");
-    return run_mtp(BlockContext{ops, config_, states, n}, *weights_.mtp, dense_ffn, hidden);
+    return run_mtp(BlockContext{ops, config_, states, n}, *weights_.mtp, dense_ffn, n_out, hidden);
   }
 
  private:

@@ -20,6 +20,24 @@ void Batch::clear() {
   slots.clear();
   want_logits.clear();
   keep_states.clear();
+  hidden_slots.clear();
+}
+
+void MtpBatch::add(int slot, int32_t token, int32_t position, std::span<const float> row,
+                   bool logits) {
+  slots.push_back(slot);
+  tokens.push_back(token);
+  positions.push_back(position);
+  hidden.insert(hidden.end(), row.begin(), row.end());
+  want_logits.push_back(logits ? 1 : 0);
+}
+
+void MtpBatch::clear() {
+  slots.clear();
+  tokens.clear();
+  positions.clear();
+  hidden.clear();
+  want_logits.clear();
 }
 
 void Engine::prefault_weights(const std::function<void(uint64_t, uint64_t)>& progress) {
@@ -181,8 +199,9 @@ arch::ForwardResult Engine::run(const Batch& batch, bool ends_in_sample) {
   plan(batch.tokens, batch.positions, batch.slots, &batch.want_logits, state::Track::kTrunk,
        ends_in_sample, &batch.keep_states);
   ops_->reset_workspace();
-  const arch::ForwardResult r = model_->forward(*ops_, *states_, static_cast<int64_t>(batch.size()),
-                                                static_cast<int64_t>(output_rows_.size()));
+  const arch::ForwardResult r =
+      model_->forward(*ops_, *states_, static_cast<int64_t>(batch.size()),
+                      static_cast<int64_t>(output_rows_.size()), !batch.hidden_slots.empty());
   advance(state::Track::kTrunk);
   return r;
 }
@@ -212,9 +231,12 @@ std::vector<float> Engine::step(const Batch& batch) {
 }
 
 void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> rows, int n_top,
-                         std::vector<ops::SampledToken>& out) {
+                         std::vector<ops::SampledToken>& out, std::vector<float>* hidden) {
   out.clear();
+  if (hidden) hidden->clear();
   if (batch.size() == 0) return;
+  if (!batch.hidden_slots.empty() && !hidden)
+    fail("batch: {} slots want hidden states but no buffer was given", batch.hidden_slots.size());
   int64_t wanted = 0;
   for (uint8_t w : batch.want_logits) wanted += w ? 1 : 0;
   if (static_cast<int64_t>(rows.size()) != wanted) {
@@ -223,7 +245,27 @@ void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> r
   if (n_top < 0 || n_top > ops::kMaxTopLogprobs) {
     fail("top log-probabilities: {} asked, at most {}", n_top, ops::kMaxTopLogprobs);
   }
-  const arch::ForwardResult r = run(batch, /*ends_in_sample=*/true);
+  const bool with_hidden = !batch.hidden_slots.empty();
+  const arch::ForwardResult r = run(batch, /*ends_in_sample=*/!with_hidden);
+  if (with_hidden) {
+    const int64_t e = config_.n_embd;
+    int64_t n_rows = 0;
+    for (int32_t slot : batch.hidden_slots) {
+      auto it = std::find_if(spans_.begin(), spans_.end(),
+                             [&](const ops::Span& s) { return s.slot == slot; });
+      if (it == spans_.end()) fail("batch: slot {} wants hidden states but has no rows", slot);
+      n_rows += it->count;
+    }
+    hidden->resize(n_rows * e);
+    float* dst = hidden->data();
+    for (const ops::Span& s : spans_) {  // batch order
+      if (std::find(batch.hidden_slots.begin(), batch.hidden_slots.end(), s.slot) ==
+          batch.hidden_slots.end())
+        continue;
+      ops_->download(r.all_hidden + int64_t{s.begin} * e, dst, int64_t{s.count} * e);
+      dst += int64_t{s.count} * e;
+    }
+  }
   out.resize(output_rows_.size());
   if (!out.empty()) ops_->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
 }
@@ -244,22 +286,59 @@ void Engine::rollback(int slot, int64_t n_tokens) {
   kept_.erase(it);  // once: the history may be overwritten by the next step
 }
 
-std::vector<float> Engine::mtp_step(const MtpBatch& batch) {
+arch::ForwardResult Engine::run_mtp(const MtpBatch& batch) {
   if (!model_->has_mtp()) fail("{}: the model has no MTP block", file_.path());
   const size_t n = batch.tokens.size();
-  if (n == 0) return {};
   if (batch.hidden.size() != n * config_.n_embd) {
     fail("MTP batch: {} hidden values for {} rows of {}", batch.hidden.size(), n, config_.n_embd);
   }
-  plan(batch.tokens, batch.positions, batch.slots, nullptr, state::Track::kMtp);
+  if (!batch.want_logits.empty() && batch.want_logits.size() != n)
+    fail("MTP batch: {} want_logits flags for {} rows", batch.want_logits.size(), n);
+  plan(batch.tokens, batch.positions, batch.slots,
+       batch.want_logits.empty() ? nullptr : &batch.want_logits, state::Track::kMtp);
   ops_->reset_workspace();
   float* hidden = ops_->alloc(static_cast<int64_t>(n) * config_.n_embd);
   ops_->upload(batch.hidden.data(), hidden, static_cast<int64_t>(n) * config_.n_embd);
-  const float* logits = model_->mtp_forward(*ops_, *states_, static_cast<int64_t>(n), hidden);
+  const arch::ForwardResult r = model_->mtp_forward(
+      *ops_, *states_, static_cast<int64_t>(n), static_cast<int64_t>(output_rows_.size()), hidden);
   advance(state::Track::kMtp);
-  std::vector<float> out(n * config_.n_vocab);
-  ops_->download(logits, out.data(), static_cast<int64_t>(out.size()));
+  return r;
+}
+
+std::vector<float> Engine::mtp_step(const MtpBatch& batch) {
+  if (!model_->has_mtp()) fail("{}: the model has no MTP block", file_.path());
+  if (batch.tokens.empty()) return {};
+  const arch::ForwardResult r = run_mtp(batch);
+  std::vector<float> out(output_rows_.size() * config_.n_vocab);
+  if (!out.empty()) ops_->download(r.logits, out.data(), static_cast<int64_t>(out.size()));
   return out;
+}
+
+void Engine::mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts,
+                       std::vector<float>& hidden) {
+  drafts.clear();
+  hidden.clear();
+  if (!model_->has_mtp()) fail("{}: the model has no MTP block", file_.path());
+  if (batch.tokens.empty()) return;
+  const arch::ForwardResult r = run_mtp(batch);
+  const auto m = static_cast<int64_t>(output_rows_.size());
+  if (m == 0) return;
+  hidden.resize(m * config_.n_embd);
+  ops_->download(r.hidden, hidden.data(), m * config_.n_embd);
+  greedy_rows_.assign(m, ops::SamplingRow{.temperature = 0.0f});
+  greedy_picks_.resize(m);
+  ops_->sample(r.logits, config_.n_vocab, greedy_rows_.data(), 0, greedy_picks_.data());
+  drafts.resize(m);
+  for (int64_t i = 0; i < m; ++i) drafts[i] = greedy_picks_[i].id;
+}
+
+void Engine::truncate_mtp(int slot, int64_t n_tokens) {
+  if (slot < 0 || slot >= states_->n_slots())
+    fail("truncate_mtp: slot {} out of range [0, {})", slot, states_->n_slots());
+  const int64_t have = states_->n_mtp_tokens(slot);
+  if (n_tokens < 0 || n_tokens > have)
+    fail("truncate_mtp: slot {} holds {} MTP rows, cannot keep {}", slot, have, n_tokens);
+  states_->truncate(slot, n_tokens, state::Track::kMtp);
 }
 
 }  // namespace qwenrt::engine

@@ -53,6 +53,9 @@ struct Batch {
   // Slots whose rows in this step are a speculative check: after the step, Engine::rollback can
   // keep any prefix of them.
   std::vector<int32_t> keep_states;
+  // Slots whose every row's final hidden state (after output_norm) step_sample returns, whether
+  // or not the row wants a token: the MTP drafter's input for every position.
+  std::vector<int32_t> hidden_slots;
 
   void add(int slot, int32_t token, int32_t position, bool logits);
   void clear();
@@ -61,12 +64,18 @@ struct Batch {
 
 // Rows for the MTP block: row i drafts position p + 2 of slot slots[i] from the trunk's hidden
 // state at p (hidden, n_embd floats a row) and the token at p + 1; positions are the MTP block's
-// own, continuing from the slot's n_mtp_tokens.
+// own, continuing from the slot's n_mtp_tokens. A chained draft's row takes the MTP block's own
+// output hidden state (mtp_draft) in place of the trunk's.
 struct MtpBatch {
   std::vector<int32_t> slots;
   std::vector<int32_t> tokens;
   std::vector<int32_t> positions;
   std::vector<float> hidden;
+  std::vector<uint8_t> want_logits;  // per row; empty: every row is an output row
+
+  void add(int slot, int32_t token, int32_t position, std::span<const float> row, bool logits);
+  void clear();
+  size_t size() const { return tokens.size(); }
 };
 
 struct StepOutput {
@@ -94,8 +103,10 @@ class Engine {
   // Runs one batch and samples a token for each row wanting output, rows[i] for the i-th such
   // row (on the backend: only the tokens and their log-probabilities come back). `out` is resized
   // to the number of those rows; with the same batch shape, no allocation after the first call.
+  // With batch.hidden_slots, `hidden` gets the final hidden states of every row of those slots'
+  // spans in batch order, [rows, n_embd] (such a step runs eagerly: it ends in a download).
   void step_sample(const Batch& batch, std::span<const ops::SamplingRow> rows, int n_top,
-                   std::vector<ops::SampledToken>& out);
+                   std::vector<ops::SampledToken>& out, std::vector<float>* hidden = nullptr);
 
   // After a step in which `slot` was in batch.keep_states: keeps only its first n_tokens (the
   // slot's length before that step + 1 .. its length now), as if the step had fed only those
@@ -103,8 +114,15 @@ class Engine {
   void rollback(int slot, int64_t n_tokens);
 
   bool has_mtp() const { return model_->has_mtp(); }
-  // Runs the MTP block; returns draft logits [rows, n_vocab]. Error if the model has none.
+  // Runs the MTP block; returns draft logits [output rows, n_vocab]. Error if the model has none.
   std::vector<float> mtp_step(const MtpBatch& batch);
+  // Runs the MTP block and drafts greedily (argmax of the draft logits, picked on the backend):
+  // drafts[i] and hidden [i, n_embd] (the block's state after its head norm, the input of the
+  // next chained row) for the i-th output row.
+  void mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts, std::vector<float>& hidden);
+  // Shortens the slot's MTP track to n_tokens (<= its length): the rows a draft chain fed beyond
+  // the positions the trunk holds are dropped by length.
+  void truncate_mtp(int slot, int64_t n_tokens);
 
  private:
   Engine(gguf::File file, const EngineOptions& options);
@@ -116,6 +134,7 @@ class Engine {
             state::Track track, bool ends_in_sample = false,
             const std::vector<int32_t>* keep = nullptr);
   arch::ForwardResult run(const Batch& batch, bool ends_in_sample = false);
+  arch::ForwardResult run_mtp(const MtpBatch& batch);
   void advance(state::Track track);
 
   gguf::File file_;
@@ -130,6 +149,9 @@ class Engine {
   std::vector<int32_t> output_rows_;
   // The keep_states spans of the last trunk step (rollback's bounds).
   std::vector<ops::Span> kept_;
+  // mtp_draft's greedy sampling rows and picks (reused).
+  std::vector<ops::SamplingRow> greedy_rows_;
+  std::vector<ops::SampledToken> greedy_picks_;
 };
 
 }  // namespace qwenrt::engine

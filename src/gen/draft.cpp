@@ -8,6 +8,8 @@ const char* draft_kind_name(DraftKind kind) {
   switch (kind) {
     case DraftKind::kNgram:
       return "ngram";
+    case DraftKind::kMtp:
+      return "mtp";
     case DraftKind::kNone:
       break;
   }

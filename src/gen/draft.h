@@ -1,7 +1,7 @@
-// Drafting for speculative decoding: a drafter proposes the next tokens of a sequence, the trunk
-// checks them all in one step (the sequence's fed token and its drafts as rows of one span), and
-// the sequence keeps the drafts up to the first the trunk would not have produced, plus the
-// trunk's own token after them (Engine::rollback drops the rest).
+// Drafting for speculative decoding: a drafter (n-gram lookup or the MTP block) proposes the next
+// tokens of a sequence, the trunk checks them all in one step (the sequence's fed token and its
+// drafts as rows of one span), and the sequence keeps the drafts up to the first the trunk would
+// not have produced, plus the trunk's own token after them (Engine::rollback drops the rest).
 //
 // Exactness: drafts are deterministic (no random draw), so the speculative-sampling rule
 // "accept draft d with probability min(1, p(d) / q(d)), else sample from norm(max(0, p - q))"
@@ -18,8 +18,12 @@
 
 namespace qwenrt::gen {
 
-enum class DraftKind { kNone, kNgram };
-const char* draft_kind_name(DraftKind kind);  // "none", "ngram"
+// kNgram: prompt lookup (draft_ngram). kMtp: the model's MTP block, one forward per drafted
+// token; each draft is the argmax of its logits, so deterministic. The scheduler keeps the MTP
+// block's KV in step with the trunk (every accepted position's row is fed from the trunk's hidden
+// state at it) and drops the rows the chain fed beyond it (Engine::truncate_mtp).
+enum class DraftKind { kNone, kNgram, kMtp };
+const char* draft_kind_name(DraftKind kind);  // "none", "ngram", "mtp"
 
 struct DraftOptions {
   DraftKind kind = DraftKind::kNone;
@@ -49,6 +53,8 @@ class DraftController {
   // Drafts wanted for the next step (0: a plain step); counts a paused step.
   int depth();
   void record(int drafted, int accepted);
+  // Whether the next depth() may be above zero (not off, not paused).
+  bool drafts_next() const { return max_ > 0 && paused_ == 0; }
 
   static constexpr int kMissesToPause = 4;
   static constexpr int kPauseSteps = 16;

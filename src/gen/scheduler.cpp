@@ -84,6 +84,16 @@ struct Sequence {
   std::vector<uint64_t> rng_marks;
   int64_t n_drafted = 0, n_accepted = 0, n_checks = 0;
   bool checking = false;  // the slot still holds every row of the check being taken
+  int draft_depth = 0;    // the drafts the step being built wants
+  // MTP drafting (DraftKind::kMtp): the trunk position of the next MTP row to feed (row p pairs
+  // the trunk's hidden state at p with the token at p + 1); the draft the last fed row made (for
+  // the position after the token to feed) and that row's output hidden state, the chain's input.
+  bool mtp = false;
+  int64_t mtp_next = 0;
+  std::optional<int32_t> mtp_first;
+  std::vector<float> mtp_hidden;
+  int64_t mtp_base = 0;       // the MTP track's length before this step's chain
+  bool snapshot_due = false;  // a prompt snapshot waits for the step's MTP rows
 };
 
 // A sequence's part of the step being built.
@@ -92,7 +102,9 @@ struct Entry {
   bool samples;     // its last row wants a sampled token
   bool gets_token;  // the step ends its input (a decode row or the prompt's last chunk)
   int32_t n_rows;
-  int32_t n_drafts = 0;  // of those rows, drafts (each samples, as does the row before them)
+  int32_t n_drafts = 0;        // of those rows, drafts (each samples, as does the row before them)
+  int64_t first_position = 0;  // of its first row
+  int64_t hidden_row = -1;     // its first row's in the step's hidden states (-1: none asked)
 };
 
 }  // namespace
@@ -122,6 +134,10 @@ struct Scheduler::Impl {
         fail("scheduler: n-gram sizes {}..{} are not a range of positive sizes",
              options.draft.ngram_min, options.draft.ngram_max);
       }
+      if (options.draft.kind == DraftKind::kMtp && !engine.has_mtp()) {
+        fail("MTP drafting needs the model's MTP block (nextn layers); {} has none",
+             engine.file().path());
+      }
     }
   }
 
@@ -144,8 +160,21 @@ struct Scheduler::Impl {
   void cache_reply(Sequence& seq);
   void cache_tokens(Sequence& seq, std::span<const int32_t> tokens);
   void take(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
-  // The drafts the sequence's next decode step checks (into seq.drafts); their count.
+  // The drafts the sequence's next decode step checks (into seq.drafts; an MTP chain gets its
+  // first draft there and the rest from chain_mtp_drafts); their count.
   int32_t make_drafts(Sequence& seq);
+  // Extends every sequence's MTP drafts to its depth: one MTP forward per drafted position for
+  // all of them at once, each row the previous draft and the MTP block's own output hidden state;
+  // then drops those rows from the MTP track.
+  void chain_mtp_drafts();
+  // After a step: feeds the MTP block the rows of every position the trunk now holds (the trunk's
+  // hidden state at p and the token at p + 1), and takes the first draft of the next step from
+  // the last of them.
+  void feed_mtp();
+  int32_t token_at(const Sequence& seq, int64_t position) const {
+    const auto np = static_cast<int64_t>(seq.params.prompt.size());
+    return position < np ? seq.params.prompt[position] : seq.generated[position - np];
+  }
   // After a check: takes the sampled tokens while they equal the drafts, then rolls the slot
   // back to what was accepted. `first` indexes the check's first sampled token.
   void check_drafts(Sequence& seq, const Entry& e, size_t first);
@@ -188,6 +217,11 @@ struct Scheduler::Impl {
   std::vector<Entry> entries;
   std::vector<ops::SamplingRow> rows;
   std::vector<ops::SampledToken> sampled;
+  std::vector<float> hidden;  // the step's hidden states of the MTP drafters' rows
+  engine::MtpBatch mtp_batch;
+  std::vector<int32_t> mtp_drafts;
+  std::vector<float> mtp_out;  // the MTP rows' output hidden states
+  std::vector<Sequence*> mtp_rows_of;
   // Whether checks pay on this engine: seconds per generated token of decode-only steps with and
   // without checks (moving averages). When checks cost more per token than plain steps, drafting
   // pauses for kCostPauseSteps steps, then is measured again.
@@ -247,6 +281,7 @@ std::unique_ptr<Sequence> Scheduler::Impl::make_sequence(SequenceParams params, 
   auto seq = std::make_unique<Sequence>(0, std::move(params), std::move(sink), tokenizer);
   if (options.draft.kind != DraftKind::kNone && seq->params.draft)
     seq->controller = DraftController(options.draft.max_tokens);
+  seq->mtp = options.draft.kind == DraftKind::kMtp && seq->params.draft;
   if (!seq->params.forced_after_thinking.empty())
     seq->forced_after_thinking = tokenizer.encode(seq->params.forced_after_thinking, true);
   return seq;
@@ -287,6 +322,10 @@ void Scheduler::Impl::admit(Sequence& seq) {
     seq.points.erase(std::unique(seq.points.begin(), seq.points.end()), seq.points.end());
     seq.points.erase(seq.points.begin(), std::upper_bound(seq.points.begin(), seq.points.end(), n));
   }
+  // The MTP rows go on from the restored prefix (its snapshot has the MTP rows that were fed when
+  // it was taken; one missing there, the reply's last, only makes drafts a little worse).
+  seq.mtp_next = seq.position;
+  seq.mtp_first.reset();
   // What the reply starts with when it starts outside a think block, or when a zero budget
   // closes the block at once.
   if (!seq.thinking) {
@@ -432,8 +471,81 @@ int32_t Scheduler::Impl::make_drafts(Sequence& seq) {
     if (depth <= 0) return 0;
   }
   const DraftOptions& o = options.draft;
+  if (o.kind == DraftKind::kMtp) {
+    if (seq.mtp_first) {
+      seq.drafts.push_back(*seq.mtp_first);
+      seq.draft_depth = depth;
+    }
+    return static_cast<int32_t>(seq.drafts.size());
+  }
   draft_ngram(seq.params.prompt, seq.generated, o.ngram_min, o.ngram_max, depth, seq.drafts);
   return static_cast<int32_t>(seq.drafts.size());
+}
+
+void Scheduler::Impl::chain_mtp_drafts() {
+  const int64_t e = engine.config().n_embd;
+  for (Sequence* s : order) s->mtp_base = engine.states().n_mtp_tokens(s->slot);
+  try {
+    for (size_t j = 1;; ++j) {  // each chained row drafts the (j + 1)-th token
+      mtp_batch.clear();
+      mtp_rows_of.clear();
+      for (Sequence* s : order) {
+        if (s->drafts.size() != j || s->draft_depth <= static_cast<int>(j)) continue;
+        mtp_batch.add(s->slot, s->drafts.back(),
+                      static_cast<int32_t>(engine.states().n_mtp_tokens(s->slot)), s->mtp_hidden,
+                      true);
+        mtp_rows_of.push_back(s);
+      }
+      if (mtp_rows_of.empty()) break;
+      engine.mtp_draft(mtp_batch, mtp_drafts, mtp_out);
+      for (size_t i = 0; i < mtp_rows_of.size(); ++i) {
+        mtp_rows_of[i]->drafts.push_back(mtp_drafts[i]);
+        mtp_rows_of[i]->mtp_hidden.assign(mtp_out.begin() + i * e, mtp_out.begin() + (i + 1) * e);
+      }
+    }
+  } catch (const std::exception& ex) {  // drafts are optional: this step runs plain
+    log(LogLevel::kWarn, "scheduler: an MTP draft step failed: {}", ex.what());
+    for (Sequence* s : order) s->drafts.clear();
+  }
+  // Those rows paired drafts with the MTP block's own states: the positions the check accepts
+  // are fed again from the trunk's hidden states after the step (feed_mtp).
+  for (Sequence* s : order) {
+    if (engine.states().n_mtp_tokens(s->slot) > s->mtp_base)
+      engine.truncate_mtp(s->slot, s->mtp_base);
+  }
+}
+
+void Scheduler::Impl::feed_mtp() {
+  const int64_t e = engine.config().n_embd;
+  mtp_batch.clear();
+  mtp_rows_of.clear();
+  for (const Entry& en : entries) {
+    Sequence& s = *en.seq;
+    if (en.hidden_row < 0 || s.slot < 0) continue;  // not drafting with the MTP block, or ended
+    s.mtp_first.reset();
+    // Rows p < end: the trunk holds p (its hidden state came from this step) and the token at
+    // p + 1 is known (the one to feed next, for the last).
+    const int64_t text = static_cast<int64_t>(s.params.prompt.size() + s.generated.size());
+    const int64_t end = std::min(engine.states().n_tokens(s.slot), text - 1);
+    if (s.mtp_next < en.first_position) s.mtp_next = en.first_position;  // (not after admit)
+    if (s.mtp_next >= end) continue;
+    // The next step may draft: the last row's logits give its first draft.
+    const bool first = !s.prefilling() && s.feed.size() == 1 && s.forced.empty() &&
+                       draft_cost.paused == 0 && s.controller.drafts_next();
+    auto position = static_cast<int32_t>(engine.states().n_mtp_tokens(s.slot));
+    for (int64_t p = s.mtp_next; p < end; ++p) {
+      const float* h = hidden.data() + (en.hidden_row + p - en.first_position) * e;
+      mtp_batch.add(s.slot, token_at(s, p + 1), position++, std::span(h, e), first && p + 1 == end);
+    }
+    s.mtp_next = end;
+    if (first) mtp_rows_of.push_back(&s);
+  }
+  if (mtp_batch.size() == 0) return;
+  engine.mtp_draft(mtp_batch, mtp_drafts, mtp_out);
+  for (size_t i = 0; i < mtp_rows_of.size(); ++i) {
+    mtp_rows_of[i]->mtp_first = mtp_drafts[i];
+    mtp_rows_of[i]->mtp_hidden.assign(mtp_out.begin() + i * e, mtp_out.begin() + (i + 1) * e);
+  }
 }
 
 void Scheduler::Impl::check_drafts(Sequence& seq, const Entry& e, size_t first) {
@@ -564,17 +676,38 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
   rows.clear();
   int n_top = 0;
   uint64_t prompt_rows = 0;
+  int64_t hidden_rows = 0;
+  // The MTP drafter's rows asked for every row's hidden state (feed_mtp after the step).
+  auto ask_hidden = [&](Sequence& s, Entry& e) {
+    if (!s.mtp) return;
+    batch.hidden_slots.push_back(s.slot);
+    e.hidden_row = hidden_rows;
+    hidden_rows += e.n_rows;
+  };
+  const auto t_chain = Clock::now();
+  for (Sequence* s : order) {
+    s->drafts.clear();
+    s->draft_depth = 0;
+    if (!s->prefilling() && s->feed.size() == 1) make_drafts(*s);
+  }
+  if (options.draft.kind == DraftKind::kMtp) chain_mtp_drafts();
+  const double chain_seconds = seconds_between(t_chain, Clock::now());
   for (Sequence* s : order) {
     if (s->prefilling()) continue;
     const int32_t n = static_cast<int32_t>(s->feed.size());
     for (int32_t i = 0; i < n; ++i)
       batch.add(s->slot, s->feed[i], static_cast<int32_t>(s->position + i), i + 1 == n);
-    const int32_t k = n == 1 ? make_drafts(*s) : 0;
+    const auto k = static_cast<int32_t>(s->drafts.size());
     for (int32_t i = 0; i < k; ++i)
       batch.add(s->slot, s->drafts[i], static_cast<int32_t>(s->position + n + i), true);
     if (k > 0) batch.keep_states.push_back(s->slot);
-    entries.push_back(
-        {.seq = s, .samples = true, .gets_token = true, .n_rows = n + k, .n_drafts = k});
+    entries.push_back({.seq = s,
+                       .samples = true,
+                       .gets_token = true,
+                       .n_rows = n + k,
+                       .n_drafts = k,
+                       .first_position = s->position});
+    ask_hidden(*s, entries.back());
   }
   for (Sequence* s : order) {
     const int64_t room = options.step_tokens - static_cast<int64_t>(batch.size());
@@ -589,8 +722,12 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
       batch.add(s->slot, s->params.prompt[j], static_cast<int32_t>(j),
                 samples && j + 1 == s->params.prompt.size());
     }
-    entries.push_back(
-        {.seq = s, .samples = samples, .gets_token = last, .n_rows = static_cast<int32_t>(n)});
+    entries.push_back({.seq = s,
+                       .samples = samples,
+                       .gets_token = last,
+                       .n_rows = static_cast<int32_t>(n),
+                       .first_position = s->position});
+    ask_hidden(*s, entries.back());
     prompt_rows += n;
   }
   // Sampling rows in batch order; their history spans stay valid until the step returns.
@@ -634,7 +771,7 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     }
     t_step = Clock::now();
     try {
-      engine.step_sample(batch, rows, n_top, sampled);
+      engine.step_sample(batch, rows, n_top, sampled, &hidden);
     } catch (const std::exception& ex) {
       failed = true;
       error = ex.what();
@@ -652,7 +789,11 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
           if (cache && s.next_point < s.points.size() &&
               static_cast<int64_t>(s.n_prompt_fed) == s.points[s.next_point]) {
             ++s.next_point;
-            cache_tokens(s, std::span(s.params.prompt).first(s.n_prompt_fed));
+            if (s.mtp) {
+              s.snapshot_due = true;  // once the MTP block has the chunk's rows
+            } else {
+              cache_tokens(s, std::span(s.params.prompt).first(s.n_prompt_fed));
+            }
           }
         } else {
           s.feed.clear();
@@ -673,6 +814,23 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
           take(s, token, nullptr);
         }
       }
+      if (options.draft.kind == DraftKind::kMtp) {
+        try {
+          feed_mtp();
+        } catch (const std::exception& ex) {
+          log(LogLevel::kWarn, "scheduler: an MTP step failed: {}", ex.what());
+          for (const Entry& e : entries) {
+            if (e.hidden_row >= 0 && e.seq->slot >= 0)
+              finish(*e.seq, FinishReason::kError, ex.what());
+          }
+        }
+        for (const Entry& e : entries) {
+          Sequence& s = *e.seq;
+          if (!s.snapshot_due) continue;
+          s.snapshot_due = false;
+          if (s.slot >= 0) cache_tokens(s, std::span(s.params.prompt).first(s.n_prompt_fed));
+        }
+      }
     }
   }
   uint64_t generated_after = 0;
@@ -684,7 +842,7 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
   // Decode-only steps (a prompt chunk would swamp the comparison).
   if (options.draft.kind != DraftKind::kNone && options.draft.pause_when_slower &&
       prompt_rows == 0 && batch.size() > 0)
-    record_step_cost(checked, seconds_between(t_step, Clock::now()),
+    record_step_cost(checked, chain_seconds + seconds_between(t_step, Clock::now()),
                      generated_after - generated_before);
 
   {

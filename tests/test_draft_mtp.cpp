@@ -1,0 +1,375 @@
+// Speculative decoding with the MTP drafter (DraftKind::kMtp): the engine's pieces (every row's
+// hidden state from step_sample, greedy MTP drafts of chosen rows, the MTP track cut by length),
+// then exactness on the tiny trained models that carry an MTP block (dense and MoE; cpu with the
+// matmul below AVX-512, and ref): greedy and seeded sampled outputs with MTP drafts at depths 1..4
+// are token for token those without drafting, alone or several sequences drafting in one batch,
+// beside sequences that do not draft, under limits and with the prefix cache. The acceptance rate
+// checks that each MTP row pairs the trunk's hidden state at p with the token at p + 1 (a wrong
+// pairing still gives the same output, but drafts that almost never hold).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "gen/draft.h"
+#include "gen/scheduler.h"
+#include "gen/turn.h"
+#include "support/isa_cap.h"
+#include "support/model_files.h"
+#include "support/run_binary.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qwenrt::gen {
+namespace {
+
+const std::string kRoot = std::string(QWENRT_SOURCE_DIR) + "/";
+const std::string kDense = kRoot + "models/qwen35-chat-tiny.Q8_0.gguf";
+// A model without an MTP block.
+const std::string kNoMtp = kRoot + "tests/fixtures/models/qwen35-dense.Q8_0.gguf";
+
+using testing_support::MatmulIsaCap;
+
+int argmax(const float* row, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i) best = row[i] > row[best] ? i : best;
+  return best;
+}
+
+std::unique_ptr<engine::Engine> load(const std::string& path, const char* backend) {
+  engine::EngineOptions o;
+  o.backend = backend;
+  o.n_threads = 2;
+  o.n_slots = 3;
+  o.n_ctx = 2048;
+  o.verify_rows = 5;
+  return engine::Engine::load(path, o);
+}
+
+// step_sample's hidden states of every row equal the output rows' hidden states of a step where
+// every row wants logits; mtp_draft's drafts and hidden states of chosen rows equal mtp_step's
+// argmax of every row; truncate_mtp drops rows by length.
+TEST(MtpEngine, HiddenStatesOfEveryRowAndDraftsOfChosenRows) {
+  auto a = load(kDense, "ref");
+  auto b = load(kDense, "ref");
+  const int e = a->config().n_embd, V = a->config().n_vocab;
+  const auto ids = testing_support::random_tokens(21, V, 3);
+  engine::Batch batch;
+  for (size_t i = 0; i < ids.size(); ++i)
+    batch.add(0, ids[i], static_cast<int32_t>(i), i + 1 == ids.size());
+  batch.hidden_slots.push_back(0);
+  std::vector<ops::SampledToken> picked;
+  std::vector<float> hidden;
+  const ops::SamplingRow greedy{.temperature = 0.0f};
+  a->step_sample(batch, std::span(&greedy, 1), 0, picked, &hidden);
+  ASSERT_EQ(hidden.size(), ids.size() * e);
+  engine::Batch all;
+  for (size_t i = 0; i < ids.size(); ++i) all.add(0, ids[i], static_cast<int32_t>(i), true);
+  const auto want = b->step_with_hidden(all);
+  EXPECT_EQ(hidden, want.hidden);
+  EXPECT_EQ(picked.at(0).id, argmax(&want.logits[(ids.size() - 1) * V], V));
+  batch.hidden_slots = {1};  // a slot without rows
+  EXPECT_THROW(a->step_sample(batch, std::span(&greedy, 1), 0, picked, &hidden), Error);
+
+  // MTP rows 0..19 on both engines: all rows' logits on b, drafts of rows 9 and 19 on a.
+  engine::MtpBatch m;
+  for (size_t p = 0; p + 1 < ids.size(); ++p) {
+    m.add(0, ids[p + 1], static_cast<int32_t>(p), std::span(hidden).subspan(p * e, e),
+          p == 9 || p + 2 == ids.size());
+  }
+  std::vector<int32_t> drafts;
+  std::vector<float> out;
+  a->mtp_draft(m, drafts, out);
+  ASSERT_EQ(drafts.size(), 2u);
+  ASSERT_EQ(out.size(), 2u * e);
+  m.want_logits.clear();  // every row
+  const auto logits = b->mtp_step(m);
+  ASSERT_EQ(logits.size(), (ids.size() - 1) * V);
+  EXPECT_EQ(drafts[0], argmax(&logits[9 * V], V));
+  EXPECT_EQ(drafts[1], argmax(&logits[19 * V], V));
+  EXPECT_EQ(a->states().n_mtp_tokens(0), 20);
+
+  // A chained row from row 19's output hidden state; then the track cut back.
+  engine::MtpBatch chained;
+  chained.add(0, drafts[1], 20, std::span(out).subspan(e, e), true);
+  std::vector<int32_t> next;
+  std::vector<float> next_hidden;
+  a->mtp_draft(chained, next, next_hidden);
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(a->states().n_mtp_tokens(0), 21);
+  a->truncate_mtp(0, 20);
+  EXPECT_EQ(a->states().n_mtp_tokens(0), 20);
+  EXPECT_THROW(a->truncate_mtp(0, 21), Error);
+  // The same chained row again gives the same draft (the cut row is gone, not kept).
+  a->mtp_draft(chained, drafts, out);
+  EXPECT_EQ(drafts, next);
+  EXPECT_EQ(out, next_hidden);
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  SequenceUpdate last;
+  int dones = 0;
+};
+
+Sink collect(Outcome& o) {
+  return [&o](SequenceUpdate&& u) {
+    o.tokens.insert(o.tokens.end(), u.tokens.begin(), u.tokens.end());
+    o.text += u.text;
+    if (u.done) {
+      ++o.dones;
+      o.last = std::move(u);
+    }
+  };
+}
+
+struct ModelCase {
+  const char* file;
+  const char* backend;
+};
+
+DraftOptions mtp(int depth) {
+  return {.kind = DraftKind::kMtp, .max_tokens = depth, .pause_when_slower = false};
+}
+
+class DraftMtpTest : public ::testing::TestWithParam<ModelCase> {
+ protected:
+  void SetUp() override {
+    engine_ = load(kRoot + GetParam().file, GetParam().backend);
+    ASSERT_TRUE(engine_->has_mtp());
+    tokenizer_ =
+        std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(engine_->file()));
+  }
+  bool ref() const { return std::string(GetParam().backend) == "ref"; }
+  PreparedTurn chat_prompt(const std::string& user, bool thinking) const {
+    ChatTurn turn{.messages = chat::Json::array({{{"role", "user"}, {"content", user}}})};
+    turn.render.enable_thinking = thinking;
+    return prepare_turn(*tokenizer_, chat::dialect_for(engine_->identity().checkpoint), turn);
+  }
+  // Runs the sequences to their ends, all submitted at once, `rounds` times through one scheduler
+  // (with the prefix cache, the later rounds resume from the earlier ones' snapshots); the last
+  // round's outcomes. `each_step` runs after every step.
+  std::vector<Outcome> run(const std::vector<SequenceParams>& seqs, DraftOptions draft,
+                           bool prefix_cache = false, int rounds = 1,
+                           const std::function<void()>& each_step = nullptr) {
+    Scheduler s(*engine_, *tokenizer_,
+                SchedulerOptions{.prefix_cache = prefix_cache, .draft = draft});
+    std::vector<Outcome> out;
+    for (int r = 0; r < rounds; ++r) {
+      out.assign(seqs.size(), Outcome{});
+      for (size_t i = 0; i < seqs.size(); ++i) s.submit(seqs[i], collect(out[i]));
+      while (s.step()) {
+        if (each_step) each_step();
+      }
+      for (const auto& o : out) EXPECT_EQ(o.dones, 1);
+    }
+    last_stats_ = s.stats();
+    return out;
+  }
+  static SequenceParams params(std::vector<int32_t> prompt, int max_tokens, float temperature,
+                               uint64_t seed) {
+    SequenceParams p;
+    p.prompt = std::move(prompt);
+    p.max_tokens = max_tokens;
+    p.sampling.temperature = temperature;
+    p.sampling.top_k = temperature > 0 ? 20 : 0;
+    p.sampling.top_p = temperature > 0 ? 0.95f : 1.0f;
+    p.sampling.repetition_penalty = temperature > 0 ? 1.05f : 1.0f;  // penalties see the drafts
+    p.sampling.seed = seed;
+    return p;
+  }
+  // Chat prompts of the kinds the tiny models were trained on (prose, dialogue, copying, worked
+  // arithmetic in a think block).
+  std::vector<SequenceParams> prompts(int max_tokens, float temperature) const {
+    std::vector<SequenceParams> out;
+    const char* users[] = {"Tell me about the weather in Paris today.",
+                           "Repeat after me: the quick brown fox jumps over the lazy dog.",
+                           "Tell me a short story about a cat who wants to see the sea."};
+    uint64_t seed = 21;
+    for (const char* u : users) {
+      out.push_back(params(chat_prompt(u, false).prompt, max_tokens, temperature, seed++));
+    }
+    const PreparedTurn thinking = chat_prompt("What is 47 + 38?", true);
+    out.push_back(params(thinking.prompt, max_tokens, temperature, seed++));
+    out.back().starts_in_thinking = thinking.thinking;
+    return out;
+  }
+
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  SchedulerStats last_stats_;
+};
+
+void expect_same(const std::vector<Outcome>& plain, const std::vector<Outcome>& drafted,
+                 const std::string& what) {
+  ASSERT_EQ(plain.size(), drafted.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(drafted[i].tokens, plain[i].tokens) << what << ", sequence " << i;
+    EXPECT_EQ(drafted[i].text, plain[i].text) << what << ", sequence " << i;
+    EXPECT_EQ(drafted[i].last.finish, plain[i].last.finish) << what << ", sequence " << i;
+  }
+}
+
+struct Acceptance {
+  int64_t drafted = 0, accepted = 0, checks = 0;
+  double rate() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0; }
+  // Accepted tokens per check: a chain's later drafts hold less often than its first (the MTP
+  // block was trained on the trunk's hidden states, the chain feeds it its own), so this is the
+  // measure at every depth; with the MTP rows paired wrongly it is near zero.
+  double per_check() const { return checks > 0 ? static_cast<double>(accepted) / checks : 0.0; }
+};
+
+Acceptance acceptance(const std::vector<Outcome>& out) {
+  Acceptance a;
+  for (const auto& o : out) {
+    EXPECT_LE(o.last.n_accepted, o.last.n_drafted);
+    a.drafted += o.last.n_drafted;
+    a.accepted += o.last.n_accepted;
+    a.checks += o.last.n_checks;
+  }
+  return a;
+}
+
+TEST_P(DraftMtpTest, GreedyOutputIsTheSameAtEveryDepthAndMostDraftsHold) {
+  MatmulIsaCap cap;
+  const auto seqs = prompts(ref() ? 80 : 300, 0.0f);
+  const auto plain = run(seqs, {});
+  int64_t generated = 0;
+  for (const auto& o : plain) generated += static_cast<int64_t>(o.tokens.size());
+  for (int depth = 1; depth <= 4; ++depth) {
+    const auto drafted = run(seqs, mtp(depth));
+    expect_same(plain, drafted, "depth " + std::to_string(depth));
+    const Acceptance a = acceptance(drafted);
+    std::printf(
+        "[mtp] %s (%s) depth %d: %lld tokens, %lld checks, %lld drafted, %lld accepted (%.1f%%, "
+        "%.2f a check)\n",
+        GetParam().file, GetParam().backend, depth, static_cast<long long>(generated),
+        static_cast<long long>(a.checks), static_cast<long long>(a.drafted),
+        static_cast<long long>(a.accepted), 100 * a.rate(), a.per_check());
+    // Most decode steps check drafts (nothing pauses for long at these rates).
+    EXPECT_GT(a.checks, generated / 4) << "depth " << depth;
+    if (depth == 1) {
+      EXPECT_GT(a.rate(), 0.5);  // ~0.95 on these prompts
+    }
+    EXPECT_GT(a.per_check(), 0.5) << "depth " << depth;
+  }
+}
+
+TEST_P(DraftMtpTest, SeededSamplingIsTheSame) {
+  MatmulIsaCap cap;
+  const auto seqs = prompts(ref() ? 40 : 200, 0.8f);
+  const auto plain = run(seqs, {});
+  for (int depth : {2, 4}) {
+    const auto drafted = run(seqs, mtp(depth));
+    expect_same(plain, drafted, "depth " + std::to_string(depth));
+    EXPECT_GT(acceptance(drafted).accepted, 0);
+  }
+}
+
+TEST_P(DraftMtpTest, SeveralSequencesDraftingInOneBatchEqualEachAlone) {
+  MatmulIsaCap cap;
+  const auto seqs = prompts(ref() ? 40 : 200, 0.0f);
+  const auto together = run(std::vector(seqs.begin(), seqs.begin() + 3), mtp(3));
+  const auto plain = run(std::vector(seqs.begin(), seqs.begin() + 3), {});
+  expect_same(plain, together, "three drafting together");
+  for (size_t i = 0; i < 3; ++i) {
+    const auto alone = run({seqs[i]}, mtp(3));
+    expect_same({plain[i]}, alone, "alone " + std::to_string(i));
+    EXPECT_GT(together[i].last.n_checks, 0) << i;
+  }
+  EXPECT_GT(acceptance(together).per_check(), 0.5);
+}
+
+// After every step, a running slot's MTP track holds a row for every position its trunk holds:
+// the chain's rows are gone and the accepted positions' rows are fed.
+TEST_P(DraftMtpTest, MtpTrackStaysInStepWithTheTrunk) {
+  MatmulIsaCap cap;
+  const auto seqs = prompts(ref() ? 30 : 120, 0.0f);
+  int64_t steps = 0, running = 0;
+  auto& states = engine_->states();
+  const auto drafted = run(std::vector(seqs.begin(), seqs.begin() + 3), mtp(4), false, 1, [&] {
+    ++steps;
+    for (int slot = 0; slot < states.n_slots(); ++slot) {
+      EXPECT_EQ(states.n_mtp_tokens(slot), states.n_tokens(slot))
+          << "slot " << slot << ", step " << steps;
+      running += states.n_tokens(slot) > 0;
+    }
+  });
+  EXPECT_GT(running, steps);  // several slots held tokens at once
+  EXPECT_GT(acceptance(drafted).per_check(), 0.5);
+}
+
+TEST_P(DraftMtpTest, MixedWithSequencesThatDoNotDraftAndWithLimits) {
+  MatmulIsaCap cap;
+  auto seqs = prompts(ref() ? 40 : 120, 0.0f);
+  seqs[1].draft = false;        // this one runs plain in the drafting batches
+  seqs[2].max_tokens = 7;       // ends by length inside a check
+  seqs[3].thinking_budget = 9;  // a forced close right after drafted tokens
+  seqs[0].stop = {"Paris"};     // a stop string inside accepted drafts
+  const auto plain = run(seqs, {});
+  const auto drafted = run(seqs, mtp(4));
+  expect_same(plain, drafted, "mixed");
+  EXPECT_EQ(drafted[1].last.n_checks, 0);
+  EXPECT_GT(drafted[0].last.n_checks, 0);
+}
+
+// The prefix cache's snapshots carry the MTP rows; a round resuming from them has the same
+// output, and its drafts still hold.
+TEST_P(DraftMtpTest, WithThePrefixCache) {
+  MatmulIsaCap cap;
+  const auto seqs = prompts(ref() ? 30 : 100, 0.0f);
+  const auto plain = run(seqs, {}, true, 2);
+  const uint64_t plain_inserts = last_stats_.cache.inserts;
+  const auto drafted = run(seqs, mtp(3), true, 2);
+  expect_same(plain, drafted, "prefix cache, second round");
+  for (const auto& o : drafted) EXPECT_GT(o.last.n_cached, 0);
+  EXPECT_GT(plain_inserts, 0u);
+  EXPECT_EQ(last_stats_.cache.inserts, plain_inserts);
+  EXPECT_GT(acceptance(drafted).per_check(), 0.5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DraftMtpTest,
+                         ::testing::Values(ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "cpu"},
+                                           ModelCase{"models/qwen35moe-chat-tiny.Q4_K_M.gguf",
+                                                     "cpu"},
+                                           ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "ref"}),
+                         [](const auto& info) {
+                           return std::string(info.index == 1 ? "moe_" : "dense_") +
+                                  info.param.backend;
+                         });
+
+TEST(DraftMtp, AModelWithoutAnMtpBlockIsAClearError) {
+  auto e = load(kNoMtp, "cpu");
+  ASSERT_FALSE(e->has_mtp());
+  const auto tok = tokenizer::Tokenizer::from_gguf(e->file());
+  try {
+    Scheduler s(*e, tok, SchedulerOptions{.draft = mtp(2)});
+    FAIL() << "no error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("MTP block"), std::string::npos) << err.what();
+  }
+  // The n-gram drafter needs no MTP block.
+  EXPECT_NO_THROW(Scheduler(*e, tok, SchedulerOptions{.draft = {.kind = DraftKind::kNgram}}));
+}
+
+TEST(DraftMtp, CliDraftMtpGivesThePlainOutput) {
+  const std::string args = "run -m " + kDense +
+                           " -p 'Tell me a short story about a cat.' -n 40 --temp 0 --no-think"
+                           " --backend cpu -t 1 ";
+  const auto plain = testing_support::run_qwenrt(args + "--draft none");
+  const auto drafted = testing_support::run_qwenrt(args + "--draft mtp --draft-max 3");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(drafted.code, 0) << drafted.err;
+  EXPECT_EQ(drafted.out, plain.out);
+  EXPECT_NE(drafted.err.find("drafted"), std::string::npos) << drafted.err;
+  const auto none = testing_support::run_qwenrt("run -m " + kNoMtp + " -p hi -n 4 --draft mtp");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.err.find("MTP block"), std::string::npos) << none.err;
+}
+
+}  // namespace
+}  // namespace qwenrt::gen
