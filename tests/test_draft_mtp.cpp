@@ -236,7 +236,12 @@ Acceptance acceptance(const std::vector<Outcome>& out) {
 
 TEST_P(DraftMtpTest, GreedyOutputIsTheSameAtEveryDepthAndMostDraftsHold) {
   MatmulIsaCap cap;
-  const auto seqs = prompts(ref() ? 80 : 300, 0.0f);
+  auto seqs = prompts(ref() ? 80 : 300, 0.0f);
+  // And prompts further from the training data (the MTP block agrees with the trunk less there).
+  for (const char* u : {"Write a python function that adds two numbers.", "What is 12 plus 30?",
+                        "Repeat this sentence three times: the cat sat on the mat."}) {
+    seqs.push_back(params(chat_prompt(u, false).prompt, ref() ? 80 : 300, 0.0f, 0));
+  }
   const auto plain = run(seqs, {});
   int64_t generated = 0;
   for (const auto& o : plain) generated += static_cast<int64_t>(o.tokens.size());
