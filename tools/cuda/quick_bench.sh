@@ -3,9 +3,18 @@
 # kernel variant (the environment switches of ops/cuda/README.md) in the same call, so their
 # ratios compare like with like. Results (full logs) under $OUT.
 #   bash tools/cuda/quick_bench.sh [variants...]   e.g. "QWENRT_CUDA_RESIDENT=0" "QWENRT_CUDA_PDL=0"
+#   TEST_FILTER=... narrows the tests; PREFILL_VARIANTS="X=0 ..." adds 4,096-token prefills.
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/.carry/lib; B=build-cuda/qwenrt
-bash tools/cuda/device_check.sh tests 2>&1 | grep -E "FAILED|PASSED|cuda e2e|Failure|exception|cuda moe" | head -60
+# The test binary has the source folder it was built in compiled in (for its fixtures).
+src_dir=$(strings build-cuda/qwenrt_tests | grep -m1 -E '^/.*/src/ops/cuda/cuda_ops.cpp$' | sed 's#/src/ops/cuda/cuda_ops.cpp$##')
+if [ -n "$src_dir" ] && [ ! -e "$src_dir" ]; then mkdir -p "$(dirname "$src_dir")"; ln -s "$PWD" "$src_dir"; fi
+# TEST_FILTER (a gtest filter) narrows the tests; TEST_FILTER=none skips them.
+filter=${TEST_FILTER:-'*Cuda*:*cuda*'}
+if [ "$filter" != none ]; then
+  timeout 300 build-cuda/qwenrt_tests --gtest_filter="$filter" 2>&1 | tee "$out/tests-cuda.log" |
+    grep -E "FAILED|PASSED|cuda e2e|Failure|exception|cuda moe" | head -60
+fi
 variants=("default" "$@")
 for v in "${variants[@]}"; do
   echo "== GEMV micro-benchmark, $v"
@@ -21,5 +30,14 @@ for model in 35B-A3B 27B; do
     env "${env_args[@]}" QWENRT_LOG=info $B bench -m $f -p 512 -n 128 -d 512 -b 0 -r 3 2>&1 |
       tee -a "$out/bench-$model.txt" | grep -E "captured|pp512|tg128|load|rror"
   done
+  # PREFILL_VARIANTS="A=0 B=0": a 4,096-token prefill once as built and once per variant.
+  if [ -n "${PREFILL_VARIANTS:-}" ]; then
+    for v in default $PREFILL_VARIANTS; do
+      echo "== $model Q4_K_M prefill, $v"
+      if [ "$v" = default ]; then env_args=(); else env_args=("$v"); fi
+      env "${env_args[@]}" $B bench -m $f -p 4096 -n 1 -b 0 -r 3 2>&1 |
+        tee -a "$out/prefill-$model.txt" | grep -E "pp4096|rror"
+    done
+  fi
   rm -f $f
 done

@@ -68,11 +68,12 @@ template <int UPL, int MODE>
 constexpr int resident_depth() {
   return UPL > 1 ? 1 : MODE == kResJobs ? 3 : 2;
 }
-// Threads a block may have: slices of one unit a lane make up to 18 warps; with more units a lane
-// a block has at most 8 (and the registers that UPL x (1 + depth) units need).
-template <int UPL>
+// Threads a block may have: slices of one unit a lane make up to 18 warps (9 with 64-element
+// units); with more units a lane a block has at most 8 (and the registers that UPL x (1 + depth)
+// units need).
+template <int UE, int UPL>
 constexpr int resident_max_threads() {
-  return UPL == 1 ? kResMaxSlices * 32 : kResRowWarps * 32;
+  return UPL == 1 ? kResMaxSlices * 32 * 32 / UE : kResRowWarps * 32;
 }
 
 // The weight rows of global row r (false: an expert id out of range; nothing to read).
@@ -110,6 +111,16 @@ __device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
   }
 }
 
+// Elements a unit of T covers (32, or 64 for Q4K64), and its 16-element activation vectors.
+template <class T>
+constexpr int unit_elems() {
+  return T::kElems / T::kUnits;
+}
+template <class T>
+constexpr int unit_acts() {
+  return unit_elems<T>() / 16;
+}
+
 template <class T, int UPL, int MODE>
 __device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, int u0, int j,
                                               int n_units,
@@ -129,11 +140,13 @@ __device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, 
 }
 
 template <class T, int UPL, int MODE>
-__global__ void __launch_bounds__(resident_max_threads<UPL>())
+__global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
     resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
   constexpr int NM = resident_mats<MODE>();
   constexpr int DEPTH = resident_depth<UPL, MODE>(), NB = DEPTH + 1;
-  static_assert(T::kElems == 256 && T::kUnits == 8, "resident GEMV: 256-element blocks of 8 units");
+  constexpr int NA = unit_acts<T>();
+  static_assert(T::kElems == 256 && (T::kUnits == 8 || T::kUnits == 4),
+                "resident GEMV: 256-element blocks of 8 or 4 units");
   extern __shared__ __align__(16) uint8_t res_smem[];
   int8_t* sq = reinterpret_cast<int8_t*>(res_smem);       // [in] (unless pre-quantised)
   float* sd = reinterpret_cast<float*>(res_smem + a.in);  // [in / 32]
@@ -141,7 +154,7 @@ __global__ void __launch_bounds__(resident_max_threads<UPL>())
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int S = a.slices, R = a.row_lanes;
   const int s = warp % S, rw = warp / S;
-  const int n_units = a.in / 32;
+  const int n_units = a.in / unit_elems<T>();
   const int u0 = 32 * UPL * s + lane;  // this lane's units of every row: u0 + 32 i, i < UPL
   const int j = lane % T::kUnits;      // their place in their blocks
   const int64_t stride = int64_t{gridDim.x} * R;
@@ -194,13 +207,13 @@ __global__ void __launch_bounds__(resident_max_threads<UPL>())
   // This lane's units of x: pre-quantised (long rows) or from shared memory.
   const int8_t* aq = a.xq ? a.xq : sq;
   const float* ad = a.xq ? a.xd : sd;
-  int4 av[UPL][2];
-  float xd[UPL][2], xs[UPL][2];
+  int4 av[UPL][NA];
+  float xd[UPL][NA], xs[UPL][NA];
 #pragma unroll
   for (int i = 0; i < UPL; ++i) {
     const int u = u0 + 32 * i;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < NA; ++k) {
       av[i][k] = make_int4(0, 0, 0, 0);
       xd[i][k] = xs[i][k] = 0.0f;
       if (u < n_units) {
@@ -355,15 +368,29 @@ constexpr int kResQuantiseInKernelMax = 8192;
 struct ResidentShape {
   int slices, upl;
 };
+// Units of 64 elements (Q4K64) hold twice the registers of 32-element ones: at most 2 a lane.
+// (Q8_0 superblocks in 64-element units measured slower, 56.6% of the bandwidth against 80.1% on
+// 5120 x 17408, and were dropped: bench/results/h200-decode-gemv.md.)
 template <int MODE>
-ResidentShape resident_shape(int n_units) {
+ResidentShape resident_shape(int n_units, int max_upl) {
   if constexpr (MODE == kResSwiglu) {
     return {(n_units + 31) / 32, 1};
   } else {
     int S = 1;
-    while (S < kResRowWarps && S * 32 * 4 < n_units) S *= 2;
+    while (S < kResRowWarps && S * 32 * max_upl < n_units) S *= 2;
     return {S, (n_units + 32 * S - 1) / (32 * S)};
   }
+}
+
+// Q4_K in 64-element units (Q4K64: one scale decode per 64 weights, branch-free) unless
+// QWENRT_CUDA_Q4K64=0 (the 32-element units); QWENRT_CUDA_Q4K64=1 keeps single matrices with
+// rows over kResQuantiseInKernelMax on the staged kernel, as the 32-element units do.
+int q4k64_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("QWENRT_CUDA_Q4K64");
+    return v && (v[0] == '0' || v[0] == '1') ? v[0] - '0' : 2;
+  }();
+  return mode;
 }
 
 // The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
@@ -371,15 +398,20 @@ ResidentShape resident_shape(int n_units) {
 template <int MODE>
 bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream) {
   if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
-  const ResidentShape shape = resident_shape<MODE>(a.in / 32);
-  if (shape.slices > kResMaxSlices || shape.upl > 4) return false;
+  // Q4_K rows of at least 2048 take 64-element units (shorter ones would leave lanes idle).
+  const bool q4k64 = m.dtype == DType::Q4_K && q4k64_mode() != 0 && a.in >= 2048;
+  const ResidentShape shape =
+      q4k64 ? resident_shape<MODE>(a.in / 64, 2) : resident_shape<MODE>(a.in / 32, 4);
+  if (shape.slices > (q4k64 ? kResMaxSlices / 2 : kResMaxSlices) || shape.upl > 4) return false;
   switch (m.dtype) {
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::IQ4_XS:
       // A single 4-bit matrix with rows this long streams faster through the staged kernel
-      // (Q4_K 17408 x 5120: 29.6 us against 35.4 us here, quantisation launch included).
-      if (MODE == kResJobs && a.in > kResQuantiseInKernelMax) return false;
+      // (Q4_K 17408 x 5120: 29.6 us against 35.4 us here, quantisation launch included), except
+      // in 64-element units (measured in bench/results/h200.md).
+      if (MODE == kResJobs && a.in > kResQuantiseInKernelMax && !(q4k64 && q4k64_mode() == 2))
+        return false;
       break;
     case DType::Q8_0:
       if (!m.q8s) return false;
@@ -400,6 +432,12 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
   auto by_upl = [&]<class T>() {
     if constexpr (MODE == kResSwiglu) {
       launch_resident<T, 1, MODE>(a, stream);
+    } else if constexpr (unit_elems<T>() == 64) {
+      if (shape.upl == 1) {
+        launch_resident<T, 1, MODE>(a, stream);
+      } else {
+        launch_resident<T, 2, MODE>(a, stream);
+      }
     } else {
       switch (shape.upl) {
         case 1:
@@ -419,7 +457,11 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
   };
   switch (m.dtype) {
     case DType::Q4_K:
-      by_upl.template operator()<qb::Q4K>();
+      if (q4k64) {
+        by_upl.template operator()<qb::Q4K64>();
+      } else {
+        by_upl.template operator()<qb::Q4K>();
+      }
       break;
     case DType::Q5_K:
       by_upl.template operator()<qb::Q5K>();

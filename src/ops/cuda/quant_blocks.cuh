@@ -75,6 +75,20 @@ __device__ __forceinline__ void k4_scale_min(const int4& hdr, int j, int& sc, in
   }
 }
 
+// Sub-blocks 2p and 2p + 1's 6-bit scales and mins as the bytes of one word [sc0, sc1, m0, m1],
+// without branches (k4_scale_min's values; p = 0..3 is constant per lane in the resident GEMV, so
+// the selectors are computed once). Both sub-blocks sit at byte 2 (p % 2) of their words:
+// p < 2: sc = scales[j] & 63 (word y), m = scales[j + 4] & 63 (word z);
+// p >= 2, i = j - 4: sc = (w_i & 15) | ((y_i >> 6) << 4), m = (w_i >> 4) | ((z_i >> 6) << 4).
+__device__ __forceinline__ uint32_t k4_scales_pair(const int4& hdr, int p) {
+  const uint32_t b = 2 * (p & 1);
+  const uint32_t sel = b | ((b + 1) << 4) | ((b + 4) << 8) | ((b + 5) << 12);
+  const uint32_t y = uint32_t(hdr.y), z = uint32_t(hdr.z), w = uint32_t(hdr.w);
+  const uint32_t yz = __byte_perm(y, z, sel);  // [y_b, y_b+1, z_b, z_b+1]
+  const uint32_t ww = __byte_perm(w, w >> 4, sel) & 0x0f0f0f0fu;
+  return p < 2 ? (yz & 0x3f3f3f3fu) : (ww | ((yz >> 2) & 0x30303030u));
+}
+
 // The shared tail of Q4_K and Q5_K: unit u covers elements 16h..16h+15 (h = u % 2) of sub-blocks
 // j0 = 2p and j1 = 2p + 1 (p = u / 2); lo / hi hold their levels (0..31) as bytes.
 // x = d * sc_j * level - dmin * m_j, so the dot is
@@ -112,7 +126,6 @@ __device__ __forceinline__ float k4_finish(const int4& hdr, int u, const uint32_
 __device__ __forceinline__ float k4_finish_regs(const int4& hdr, int u, const uint32_t (&lo)[4],
                                                 const uint32_t (&hi)[4], const int4 (&a)[2],
                                                 const float (&xd)[2], const float (&xs)[2]) {
-  const int j0 = 2 * (u >> 1), j1 = j0 + 1;
   int dot0 = 0, dot1 = 0;
   dot0 = dot4(lo[0], a[0].x, dot0);
   dot0 = dot4(lo[1], a[0].y, dot0);
@@ -124,9 +137,8 @@ __device__ __forceinline__ float k4_finish_regs(const int4& hdr, int u, const ui
   dot1 = dot4(hi[3], a[1].w, dot1);
   const uint32_t dd = static_cast<uint32_t>(hdr.x);
   const float d = half_bits_to_float(dd & 0xffff), dmin = half_bits_to_float(dd >> 16);
-  int sc0, m0, sc1, m1;
-  k4_scale_min(hdr, j0, sc0, m0);
-  k4_scale_min(hdr, j1, sc1, m1);
+  const uint32_t s = k4_scales_pair(hdr, u >> 1);
+  const int sc0 = s & 0xff, sc1 = (s >> 8) & 0xff, m0 = (s >> 16) & 0xff, m1 = s >> 24;
   return d * (xd[0] * float(sc0 * dot0) + xd[1] * float(sc1 * dot1)) -
          dmin * (float(m0) * xs[0] + float(m1) * xs[1]);
 }
@@ -170,6 +182,41 @@ struct Q4K {
     uint32_t lo[4], hi[4];
     levels(w, lo, hi);
     return k4_finish_regs(w.hdr, u, lo, hi, a, xd, xs);
+  }
+};
+
+// Q4_K read 64 elements a unit (the resident GEMV only): unit p of a block is qs[32p, 32p + 32),
+// the levels of sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles), so one scale decode
+// serves 64 weights and a lane's two qs loads are contiguous. Its activations a[0..1] are
+// sub-block 2p's 32 elements, a[2..3] sub-block 2p + 1's (xd[k] their scales, xs[k] = xd[k] *
+// sum(a[k])). Same blocks in memory as Q4K.
+struct Q4K64 {
+  static constexpr int kElems = 256, kBytes = 144, kUnits = 4;
+  struct Unit {
+    int4 hdr, q0, q1;
+  };
+  static __device__ __forceinline__ Unit load(const uint8_t* blk, int p) {
+    return {load16(blk), load16(blk + 16 + 32 * p), load16(blk + 32 + 32 * p)};
+  }
+  static __device__ __forceinline__ int act_offset(int p, int k) { return 64 * p + 16 * k; }
+  static __device__ __forceinline__ float dot_regs(const Unit& w, int p, const int4 (&a)[4],
+                                                   const float (&xd)[4], const float (&xs)[4]) {
+    const uint32_t q[8] = {uint32_t(w.q0.x), uint32_t(w.q0.y), uint32_t(w.q0.z), uint32_t(w.q0.w),
+                           uint32_t(w.q1.x), uint32_t(w.q1.y), uint32_t(w.q1.z), uint32_t(w.q1.w)};
+    const int av[8] = {a[0].x, a[0].y, a[0].z, a[0].w, a[1].x, a[1].y, a[1].z, a[1].w};
+    const int bv[8] = {a[2].x, a[2].y, a[2].z, a[2].w, a[3].x, a[3].y, a[3].z, a[3].w};
+    int dot0 = 0, dot1 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      dot0 = dot4(q[i] & 0x0f0f0f0f, av[i], dot0);
+      dot1 = dot4((q[i] >> 4) & 0x0f0f0f0f, bv[i], dot1);
+    }
+    const uint32_t dd = static_cast<uint32_t>(w.hdr.x);
+    const float d = half_bits_to_float(dd & 0xffff), dmin = half_bits_to_float(dd >> 16);
+    const uint32_t s = k4_scales_pair(w.hdr, p);
+    const int sc0 = s & 0xff, sc1 = (s >> 8) & 0xff, m0 = (s >> 16) & 0xff, m1 = s >> 24;
+    return d * (xd[0] * float(sc0 * dot0) + xd[2] * float(sc1 * dot1)) -
+           dmin * (float(m0) * (xs[0] + xs[1]) + float(m1) * (xs[2] + xs[3]));
   }
 };
 
