@@ -84,7 +84,7 @@ TEST(Cli, RunWithToolsPrintsTheParsedCall) {
 // bench reports every figure it was asked for, each from as many timed repeats, with rates that
 // agree with the recorded seconds.
 TEST(Cli, BenchReportsEachFigureFromItsRepeats) {
-  const Output o = run("bench -m " + kModel + " -p 8,16 -n 3 -b 2 -r 2 --json");
+  const Output o = run("bench -m " + kModel + " -p 8,16 -n 3 -b 2 -r 2 --check-rows 3 --json");
   ASSERT_EQ(o.code, 0) << o.err;
   const auto j = nlohmann::json::parse(o.out);
   std::vector<std::string> tests;
@@ -98,20 +98,21 @@ TEST(Cli, BenchReportsEachFigureFromItsRepeats) {
     EXPECT_LE(r["tok_s_min"].get<double>(), r["tok_s_median"].get<double>());
     EXPECT_LE(r["tok_s_median"].get<double>(), r["tok_s_max"].get<double>());
   }
-  EXPECT_EQ(tests, (std::vector<std::string>{"pp8", "pp16", "tg3", "tg3 x2"}));
-  EXPECT_EQ(j["results"][3]["tokens"], 6);
+  EXPECT_EQ(tests, (std::vector<std::string>{"pp8", "pp16", "tg3", "tg3 check3", "tg3 x2"}));
+  EXPECT_EQ(j["results"][3]["tokens"], 3);  // a check keeps one token a step
+  EXPECT_EQ(j["results"][4]["tokens"], 6);
   EXPECT_GT(j["peak_rss_mib"].get<double>(), 0.0);
 }
 
 TEST(Cli, ErrorsAreOneLineWithExitCodeOne) {
-  for (const std::string& args :
-       std::vector<std::string>{"info /nonexistent.gguf", "run -m /nonexistent.gguf -p hi",
-                                "logits -m " + kModel + " --ids 1,x --out /dev/null",
-                                "logits -m " + kModel + " --ids 5000 --out /dev/null",
-                                "run -m " + kModel + " -p \"$(printf 'bad \\377 byte')\"",
-                                "run -m " + kModel + " -c 8 -p 'longer than eight tokens, surely'",
-                                "bench -m " + kModel + " -r 0", "bench -m " + kModel + " -b 1",
-                                "bench -m " + kModel + " -p 0"}) {
+  for (const std::string& args : std::vector<std::string>{
+           "info /nonexistent.gguf", "run -m /nonexistent.gguf -p hi",
+           "logits -m " + kModel + " --ids 1,x --out /dev/null",
+           "logits -m " + kModel + " --ids 5000 --out /dev/null",
+           "run -m " + kModel + " -p \"$(printf 'bad \\377 byte')\"",
+           "run -m " + kModel + " -c 8 -p 'longer than eight tokens, surely'",
+           "bench -m " + kModel + " -r 0", "bench -m " + kModel + " -b 1",
+           "bench -m " + kModel + " -p 0", "bench -m " + kModel + " --check-rows 1"}) {
     const Output o = run(args);
     EXPECT_EQ(o.code, 1) << args << "\n" << o.err;
     EXPECT_EQ(o.err.rfind("qwenrt: error: ", 0), 0u) << args << "\n" << o.err;

@@ -16,6 +16,7 @@
 #include "gen/scheduler.h"
 #include "gen/turn.h"
 #include "ops/cpu/isa.h"
+#include "ops/ops.h"
 #include "support/isa_cap.h"
 #include "tokenizer/tokenizer.h"
 
@@ -94,6 +95,8 @@ struct ModelCase {
 class DraftExactTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
+    if (std::string(GetParam().backend) == "cuda" && !ops::cuda_available())
+      GTEST_SKIP() << "no CUDA device";
     engine::EngineOptions o;
     o.backend = GetParam().backend;
     o.n_threads = 2;
@@ -251,15 +254,19 @@ TEST_P(DraftExactTest, ConfigurationErrors) {
                Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DraftExactTest,
-                         ::testing::Values(ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "cpu"},
-                                           ModelCase{"models/qwen35moe-chat-tiny.Q4_K_M.gguf",
-                                                     "cpu"},
-                                           ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "ref"}),
-                         [](const auto& info) {
-                           return std::string(info.index == 1 ? "moe_" : "dense_") +
-                                  info.param.backend;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, DraftExactTest,
+    ::testing::Values(ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "cpu"},
+                      ModelCase{"models/qwen35moe-chat-tiny.Q4_K_M.gguf", "cpu"},
+                      ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "ref"},
+                      // On a GPU (skipped without one): a check's rows take
+                      // the multi-row kernels, plain steps the one-row ones.
+                      ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "cuda"},
+                      ModelCase{"models/qwen35moe-chat-tiny.Q4_K_M.gguf", "cuda"}),
+    [](const auto& info) {
+      return std::string(info.index == 1 || info.index == 4 ? "moe_" : "dense_") +
+             info.param.backend;
+    });
 
 }  // namespace
 }  // namespace qwenrt::gen

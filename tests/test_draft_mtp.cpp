@@ -18,6 +18,7 @@
 #include "gen/draft.h"
 #include "gen/scheduler.h"
 #include "gen/turn.h"
+#include "ops/ops.h"
 #include "support/isa_cap.h"
 #include "support/model_files.h"
 #include "support/run_binary.h"
@@ -139,6 +140,8 @@ DraftOptions mtp(int depth) {
 class DraftMtpTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
+    if (std::string(GetParam().backend) == "cuda" && !ops::cuda_available())
+      GTEST_SKIP() << "no CUDA device";
     engine_ = load(kRoot + GetParam().file, GetParam().backend);
     ASSERT_TRUE(engine_->has_mtp());
     tokenizer_ =
@@ -337,15 +340,19 @@ TEST_P(DraftMtpTest, WithThePrefixCache) {
   EXPECT_GT(acceptance(drafted).per_check(), 0.5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DraftMtpTest,
-                         ::testing::Values(ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "cpu"},
-                                           ModelCase{"models/qwen35moe-chat-tiny.Q4_K_M.gguf",
-                                                     "cpu"},
-                                           ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "ref"}),
-                         [](const auto& info) {
-                           return std::string(info.index == 1 ? "moe_" : "dense_") +
-                                  info.param.backend;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, DraftMtpTest,
+    ::testing::Values(ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "cpu"},
+                      ModelCase{"models/qwen35moe-chat-tiny.Q4_K_M.gguf", "cpu"},
+                      ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "ref"},
+                      // On a GPU (skipped without one): a check's rows take
+                      // the multi-row kernels, plain steps the one-row ones.
+                      ModelCase{"models/qwen35-chat-tiny.Q8_0.gguf", "cuda"},
+                      ModelCase{"models/qwen35moe-chat-tiny.Q4_K_M.gguf", "cuda"}),
+    [](const auto& info) {
+      return std::string(info.index == 1 || info.index == 4 ? "moe_" : "dense_") +
+             info.param.backend;
+    });
 
 TEST(DraftMtp, AModelWithoutAnMtpBlockIsAClearError) {
   auto e = load(kNoMtp, "cpu");

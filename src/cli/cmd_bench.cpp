@@ -28,6 +28,7 @@ struct BenchOptions {
   int64_t depth = 0;  // decode after a prompt of this many tokens (llama-bench's -d)
   int64_t decode = 128;
   std::vector<int64_t> batches{8, 32, 128};
+  std::vector<int64_t> check_rows;  // speculative checks of this many rows (--check-rows)
   int repeats = 5;
   uint64_t seed = 1;
   bool json = false;
@@ -67,7 +68,11 @@ class Bench {
     {
       engine::EngineOptions eo;
       apply(opt_.backend, eo);
-      eo.n_ctx = std::max(max_p, opt_.depth + opt_.decode + kWarmupSteps);
+      const int64_t max_check = opt_.check_rows.empty() ? 0
+                                                        : *std::max_element(opt_.check_rows.begin(),
+                                                                            opt_.check_rows.end());
+      eo.n_ctx = std::max(max_p, opt_.depth + opt_.decode + kWarmupSteps + max_check);
+      eo.verify_rows = static_cast<int>(max_check);
       const double load_s = seconds_of([&] { e_ = engine::Engine::load(path_, eo); });
       load_seconds_ = load_s;
       auto& e = e_;
@@ -75,6 +80,7 @@ class Bench {
       n_vocab_ = e->config().n_vocab;
       for (int64_t p : opt_.prefill) out.push_back(prefill(*e, p));
       out.push_back(decode(*e, 1));
+      for (int64_t rows : opt_.check_rows) out.push_back(check(*e, rows));
       e_.reset();
     }
     for (int64_t b : opt_.batches) {
@@ -104,6 +110,48 @@ class Bench {
     return f;
   }
 
+  // Empty slots 0..n_seq - 1, then the untimed prompt of `depth` tokens in each.
+  void prime(engine::Engine& e, int64_t n_seq) {
+    for (int64_t s = 0; s < n_seq; ++s) e.states().reset(static_cast<int>(s));
+    if (opt_.depth <= 0) return;
+    for (int64_t s = 0; s < n_seq; ++s) {
+      engine::Batch p;
+      for (int64_t i = 0; i < opt_.depth; ++i)
+        p.add(static_cast<int>(s), token(), static_cast<int32_t>(i), i == opt_.depth - 1);
+      e.step(p);
+    }
+  }
+
+  // Speculative checks as the scheduler runs them, at batch 1: each step feeds `n_rows` rows
+  // (the sequence's token and n_rows - 1 drafts) keeping their states, samples every row
+  // greedily, then keeps only the first (Engine::rollback): a check that accepts nothing. Its
+  // rate against tgN's is what a check costs against a plain step.
+  Figure check(engine::Engine& e, int64_t n_rows) {
+    const std::string depth = opt_.depth > 0 ? fmt::format(" @ d{}", opt_.depth) : "";
+    Figure f{fmt::format("tg{} check{}{}", opt_.decode, n_rows, depth), opt_.decode, {}};
+    std::vector<ops::SamplingRow> rows(static_cast<size_t>(n_rows));
+    for (auto& r : rows) r.temperature = 0;
+    std::vector<ops::SampledToken> out;
+    engine::Batch b;
+    auto step = [&](int32_t pos) {
+      b.clear();
+      for (int64_t j = 0; j < n_rows; ++j) b.add(0, token(), pos + static_cast<int32_t>(j), true);
+      b.keep_states = {0};
+      e.step_sample(b, rows, 0, out);
+      e.rollback(0, pos + 1);  // the slot's length: up to and including the first row
+    };
+    for (int r = 0; r < opt_.repeats; ++r) {
+      prime(e, 1);
+      const auto base = static_cast<int32_t>(opt_.depth);
+      for (int32_t pos = 0; pos < kWarmupSteps; ++pos) step(base + pos);
+      f.seconds.push_back(seconds_of([&] {
+        for (int64_t i = 0; i < opt_.decode; ++i)
+          step(base + static_cast<int32_t>(kWarmupSteps + i));
+      }));
+    }
+    return f;
+  }
+
   // Decode steps as generation runs them: each ends in a greedy sample on the backend (the
   // sampled ids are not fed back: random ids keep every repeat's work the same), after an
   // untimed prompt of `depth` tokens per sequence.
@@ -123,15 +171,7 @@ class Bench {
       e.step_sample(b, rows, 0, out);
     };
     for (int r = 0; r < opt_.repeats; ++r) {
-      for (int64_t s = 0; s < n_seq; ++s) e.states().reset(static_cast<int>(s));
-      if (opt_.depth > 0) {
-        for (int64_t s = 0; s < n_seq; ++s) {
-          engine::Batch p;
-          for (int64_t i = 0; i < opt_.depth; ++i)
-            p.add(static_cast<int>(s), token(), static_cast<int32_t>(i), i == opt_.depth - 1);
-          e.step(p);
-        }
-      }
+      prime(e, n_seq);
       const auto base = static_cast<int32_t>(opt_.depth);
       for (int32_t pos = 0; pos < kWarmupSteps; ++pos) step_all(base + pos);
       f.seconds.push_back(seconds_of([&] {
@@ -167,6 +207,8 @@ int run_bench(const BenchOptions& opt) {
   if (opt.prefill.empty()) fail("-p: expected at least one prefill length");
   for (int64_t p : opt.prefill)
     if (p < 1) fail("-p: prefill lengths must be at least 1, got {}", p);
+  for (int64_t c : opt.check_rows)
+    if (c < 2 || c > 16) fail("--check-rows: rows per check must be 2..16, got {}", c);
   for (int64_t b : opt.batches)
     if (b != 0 && (b < 2 || b > 4096)) fail("-b: aggregate batch sizes must be 2..4096, got {}", b);
   const std::string path = resolve_model(opt.model);
@@ -224,6 +266,10 @@ Run add_bench(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("-b,--batches", opt->batches,
                   "Concurrent sequences for aggregate decode (comma-separated; 0 skips them)")
+      ->delimiter(',');
+  sub->add_option("--check-rows", opt->check_rows,
+                  "Also time speculative checks of this many rows at batch 1 (comma-separated, "
+                  "2..16; each keeps one row: the cost of a check against a plain step)")
       ->delimiter(',');
   sub->add_option("-r,--repeats", opt->repeats, "Repeats per figure");
   sub->add_option("--seed", opt->seed, "Seed of the random token ids");
