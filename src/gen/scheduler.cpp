@@ -2,20 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <exception>
-#include <mutex>
-#include <unordered_set>
 #include <utility>
 
 #include "core/log.h"
 #include "gen/defaults.h"
+#include "gen/scheduler_impl.h"
 
 namespace qwenrt::gen {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
@@ -36,217 +31,46 @@ size_t held_back(const std::string& text, const std::vector<std::string>& stops)
   return hold;
 }
 
-// One request's life from submit to its done update.
-struct Sequence {
-  Sequence(uint64_t id_, SequenceParams params_, Sink sink_, const tokenizer::Tokenizer& tokenizer)
-      : id(id_),
-        params(std::move(params_)),
-        sink(std::move(sink_)),
-        sampler(params.sampling),
-        thinking(params.starts_in_thinking),
-        decoder(tokenizer) {
-    if (params.parse) parser.emplace(*params.parse);
-  }
-
-  bool prefilling() const { return n_prompt_fed < params.prompt.size(); }
-
-  uint64_t id;
-  SequenceParams params;
-  Sink sink;
-  sample::Sampler sampler;
-  std::vector<int32_t> forced_after_thinking;  // params.forced_after_thinking as tokens
-  int slot = -1;
-  size_t n_prompt_fed = 0;  // prompt tokens the engine holds
-  int64_t n_cached = 0;     // of those, restored from the prefix cache
-  // Prompt positions where a snapshot goes into the prefix cache (ascending, after n_cached);
-  // a prompt chunk ends at each.
-  std::vector<int64_t> points;
-  size_t next_point = 0;
-  int64_t position = 0;  // where the next fed token goes
-  // Decoding: the accepted tokens the next step feeds; a run of forced tokens goes in at once
-  // (one step, its last row sampling), not a step per token.
-  std::vector<int32_t> feed;
-  std::deque<int32_t> forced;      // tokens to accept without sampling (moved to feed at once)
-  std::vector<int32_t> generated;  // forced included, stop token excluded (the penalties' history)
-  bool thinking;
-  int thinking_tokens = 0;
-  tokenizer::StreamDecoder decoder;
-  std::string pending;  // decoded text not yet emitted (may hold a stop-string prefix)
-  std::optional<chat::ReplyParser> parser;
-  SequenceUpdate update;  // what the current step produced
-  Clock::time_point t_submit, t_admit, t_first;
-  bool has_first = false;
-  // Speculative decoding: the drafts of the step being built, the penalties' history with them
-  // (row i of the check counts drafts[0..i)), the generator before each of the check's draws.
-  DraftController controller;
-  std::vector<int32_t> drafts;
-  std::vector<int32_t> draft_history;
-  std::vector<uint64_t> rng_marks;
-  int64_t n_drafted = 0, n_accepted = 0, n_checks = 0;
-  bool checking = false;  // the slot still holds every row of the check being taken
-  int draft_depth = 0;    // the drafts the step being built wants
-  // MTP drafting (DraftKind::kMtp): the trunk position of the next MTP row to feed (row p pairs
-  // the trunk's hidden state at p with the token at p + 1); the draft the last fed row made (for
-  // the position after the token to feed) and that row's output hidden state, the chain's input.
-  bool mtp = false;
-  int64_t mtp_next = 0;
-  std::optional<int32_t> mtp_first;
-  std::vector<float> mtp_hidden;
-  int64_t mtp_base = 0;       // the MTP track's length before this step's chain
-  bool snapshot_due = false;  // a prompt snapshot waits for the step's MTP rows
-};
-
-// A sequence's part of the step being built.
-struct Entry {
-  Sequence* seq;
-  bool samples;     // its last row wants a sampled token
-  bool gets_token;  // the step ends its input (a decode row or the prompt's last chunk)
-  int32_t n_rows;
-  int32_t n_drafts = 0;        // of those rows, drafts (each samples, as does the row before them)
-  int64_t first_position = 0;  // of its first row
-  int64_t hidden_row = -1;     // its first row's in the step's hidden states (-1: none asked)
-};
-
 }  // namespace
 
-struct Scheduler::Impl {
-  Impl(engine::Engine& engine_, const tokenizer::Tokenizer& tokenizer_, SchedulerOptions options_)
-      : engine(engine_), tokenizer(tokenizer_), options(options_) {
-    if (options.step_tokens < 1)
-      fail("scheduler: step_tokens must be >= 1, got {}", options.step_tokens);
-    if (options.max_queue < 0) fail("scheduler: max_queue must be >= 0, got {}", options.max_queue);
-    for (const auto& stop : stop_tokens(tokenizer)) stop_ids.push_back(stop.second);
-    if (stop_ids.empty())
-      fail("tokenizer has neither <|im_end|> nor <|endoftext|>: generation could not stop");
-    think_end = tokenizer.token_id("</think>");
-    if (think_end) close_thinking = tokenizer.encode("\n</think>\n\n", true);
-    const int n_slots = engine.states().n_slots();
-    slots.resize(n_slots);
-    im_start = tokenizer.token_id("<|im_start|>");
-    if (options.prefix_cache) cache.emplace(engine.states(), options.cache);
-    if (options.draft.kind != DraftKind::kNone) {
-      const int rows = engine.states().history_rows() + 1;
-      if (options.draft.max_tokens < 1 || options.draft.max_tokens + 1 > rows) {
-        fail("scheduler: {} drafts per check need the engine's verify_rows >= {} (it has {})",
-             options.draft.max_tokens, options.draft.max_tokens + 1, rows);
-      }
-      if (options.draft.ngram_min < 1 || options.draft.ngram_max < options.draft.ngram_min) {
-        fail("scheduler: n-gram sizes {}..{} are not a range of positive sizes",
-             options.draft.ngram_min, options.draft.ngram_max);
-      }
-      if (options.draft.kind == DraftKind::kMtp && !engine.has_mtp()) {
-        fail("MTP drafting needs the model's MTP block (nextn layers); {} has none",
-             engine.file().path());
-      }
+Scheduler::Impl::Impl(engine::Engine& engine_, const tokenizer::Tokenizer& tokenizer_,
+                      SchedulerOptions options_)
+    : engine(engine_), tokenizer(tokenizer_), options(options_) {
+  if (options.step_tokens < 1)
+    fail("scheduler: step_tokens must be >= 1, got {}", options.step_tokens);
+  if (options.max_queue < 0) fail("scheduler: max_queue must be >= 0, got {}", options.max_queue);
+  for (const auto& stop : stop_tokens(tokenizer)) stop_ids.push_back(stop.second);
+  if (stop_ids.empty())
+    fail("tokenizer has neither <|im_end|> nor <|endoftext|>: generation could not stop");
+  think_end = tokenizer.token_id("</think>");
+  if (think_end) close_thinking = tokenizer.encode("\n</think>\n\n", true);
+  const int n_slots = engine.states().n_slots();
+  slots.resize(n_slots);
+  im_start = tokenizer.token_id("<|im_start|>");
+  if (options.prefix_cache) cache.emplace(engine.states(), options.cache);
+  if (options.draft.kind != DraftKind::kNone) {
+    const int rows = engine.states().history_rows() + 1;
+    if (options.draft.max_tokens < 1 || options.draft.max_tokens + 1 > rows) {
+      fail("scheduler: {} drafts per check need the engine's verify_rows >= {} (it has {})",
+           options.draft.max_tokens, options.draft.max_tokens + 1, rows);
+    }
+    if (options.draft.ngram_min < 1 || options.draft.ngram_max < options.draft.ngram_min) {
+      fail("scheduler: n-gram sizes {}..{} are not a range of positive sizes",
+           options.draft.ngram_min, options.draft.ngram_max);
+    }
+    if (options.draft.kind == DraftKind::kMtp && !engine.has_mtp()) {
+      fail("MTP drafting needs the model's MTP block (nextn layers); {} has none",
+           engine.file().path());
     }
   }
+}
 
-  ~Impl() {
-    // Sequences still here get no done update (their sinks may be gone); their slots are emptied.
-    for (auto& s : slots) {
-      if (s) engine.states().reset(s->slot);
-    }
-    cache.reset();  // its snapshots go back to the state store before the store can go
+Scheduler::Impl::~Impl() {
+  // Sequences still here get no done update (their sinks may be gone); their slots are emptied.
+  for (auto& s : slots) {
+    if (s) engine.states().reset(s->slot);
   }
-
-  std::unique_ptr<Sequence> make_sequence(SequenceParams params, Sink sink);
-  // Admits, cancels, runs one engine step and finishes what ended; fills `out` with the updates
-  // to deliver (outside the lock).
-  bool iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out);
-  void admit(Sequence& seq);
-  // Whether `seq` should wait for a running sequence whose prompt shares a longer prefix with it
-  // to reach a snapshot point (then it resumes from there instead of prefilling it too).
-  bool worth_waiting(const Sequence& seq) const;
-  void cache_reply(Sequence& seq);
-  void cache_tokens(Sequence& seq, std::span<const int32_t> tokens);
-  void take(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
-  // The drafts the sequence's next decode step checks (into seq.drafts; an MTP chain gets its
-  // first draft there and the rest from chain_mtp_drafts); their count.
-  int32_t make_drafts(Sequence& seq);
-  // Extends every sequence's MTP drafts to its depth: one MTP forward per drafted position for
-  // all of them at once, each row the previous draft and the MTP block's own output hidden state;
-  // then drops those rows from the MTP track.
-  void chain_mtp_drafts();
-  // After a step: feeds the MTP block the rows of every position the trunk now holds (the trunk's
-  // hidden state at p and the token at p + 1), and takes the first draft of the next step from
-  // the last of them.
-  void feed_mtp();
-  int32_t token_at(const Sequence& seq, int64_t position) const {
-    const auto np = static_cast<int64_t>(seq.params.prompt.size());
-    return position < np ? seq.params.prompt[position] : seq.generated[position - np];
-  }
-  // After a check: takes the sampled tokens while they equal the drafts, then rolls the slot
-  // back to what was accepted. `first` indexes the check's first sampled token.
-  void check_drafts(Sequence& seq, const Entry& e, size_t first);
-  void accept(Sequence& seq, int32_t token, const ops::SampledToken* sampled);
-  void emit(Sequence& seq, size_t n);
-  void finish(Sequence& seq, FinishReason reason, std::string error = {});
-  void release(Sequence& seq);
-  int64_t kv_pages() const {
-    return engine.states().pages_held_by_slots(state::Track::kTrunk) +
-           engine.states().pages_held_by_slots(state::Track::kMtp);
-  }
-  int64_t kv_pages_cached() const {
-    return engine.states().pages_in_use(state::Track::kTrunk) +
-           engine.states().pages_in_use(state::Track::kMtp) - kv_pages();
-  }
-
-  engine::Engine& engine;
-  const tokenizer::Tokenizer& tokenizer;
-  SchedulerOptions options;
-  std::vector<int32_t> stop_ids;
-  std::optional<int32_t> think_end;
-  std::vector<int32_t> close_thinking;  // "\n</think>\n\n" as tokens
-  std::optional<int32_t> im_start;
-  std::optional<PrefixCache> cache;
-
-  // Guarded by mutex: the queue, cancel requests, the flags and the counters.
-  mutable std::mutex mutex;
-  std::condition_variable wake;
-  std::deque<std::unique_ptr<Sequence>> queue;
-  std::unordered_set<uint64_t> cancel_requests;
-  bool shutting_down = false, drain = false;
-  uint64_t next_id = 1;
-  SchedulerStats stats;
-
-  // The scheduler thread's own (running ones are also counted in stats.running under the lock).
-  std::vector<std::unique_ptr<Sequence>> slots;  // by engine slot; null = free
-  std::vector<Sequence*> order;                  // running sequences in admission order
-  std::vector<std::unique_ptr<Sequence>> ended;  // finished this step, delivered after it
-  engine::Batch batch;
-  std::vector<Entry> entries;
-  std::vector<ops::SamplingRow> rows;
-  std::vector<ops::SampledToken> sampled;
-  std::vector<float> hidden;  // the step's hidden states of the MTP drafters' rows
-  engine::MtpBatch mtp_batch;
-  std::vector<int32_t> mtp_drafts;
-  std::vector<float> mtp_out;  // the MTP rows' output hidden states
-  std::vector<Sequence*> mtp_rows_of;
-  // Whether checks pay on this engine: seconds per generated token of decode-only steps with and
-  // without checks (moving averages). When checks cost more per token than plain steps, drafting
-  // pauses for kCostPauseSteps steps, then is measured again.
-  struct DraftCost {
-    double plain = 0, check = 0;
-    int n_plain = 0, n_check = 0;
-    int paused = 0;
-  } draft_cost;
-  static constexpr int kCostSamples = 4;
-  static constexpr int kCostPauseSteps = 256;
-  void record_step_cost(bool checked, double seconds, uint64_t tokens);
-};
-
-void Scheduler::Impl::record_step_cost(bool checked, double seconds, uint64_t tokens) {
-  if (tokens == 0) return;
-  DraftCost& c = draft_cost;
-  const double per_token = seconds / static_cast<double>(tokens);
-  double& avg = checked ? c.check : c.plain;
-  int& n = checked ? c.n_check : c.n_plain;
-  avg = n == 0 ? per_token : 0.8 * avg + 0.2 * per_token;
-  ++n;
-  if (c.n_check >= kCostSamples && c.n_plain >= kCostSamples && c.check > c.plain) {
-    c.paused = kCostPauseSteps;
-    c.n_check = 0;  // measured afresh after the pause
-  }
+  cache.reset();  // its snapshots go back to the state store before the store can go
 }
 
 std::unique_ptr<Sequence> Scheduler::Impl::make_sequence(SequenceParams params, Sink sink) {
@@ -454,126 +278,6 @@ void Scheduler::Impl::accept(Sequence& seq, int32_t token, const ops::SampledTok
     return;
   }
   seq.feed.push_back(token);
-}
-
-int32_t Scheduler::Impl::make_drafts(Sequence& seq) {
-  seq.drafts.clear();
-  if (!seq.forced.empty() || draft_cost.paused > 0) return 0;
-  int depth = seq.controller.depth();
-  // Room: the drafts and the token after them must fit max_tokens and the context.
-  const int64_t left_tokens = seq.params.max_tokens - static_cast<int64_t>(seq.generated.size());
-  const int64_t left_ctx = engine.states().n_ctx() - (seq.position + 1) - 1;
-  depth = static_cast<int>(std::min<int64_t>({depth, left_tokens - 1, left_ctx}));
-  if (depth <= 0) return 0;
-  // A draft may not run into a thinking budget's forced close (the close replaces what follows).
-  if (seq.thinking && seq.params.thinking_budget) {
-    depth = std::min(depth, *seq.params.thinking_budget - seq.thinking_tokens - 1);
-    if (depth <= 0) return 0;
-  }
-  const DraftOptions& o = options.draft;
-  if (o.kind == DraftKind::kMtp) {
-    if (seq.mtp_first) {
-      seq.drafts.push_back(*seq.mtp_first);
-      seq.draft_depth = depth;
-    }
-    return static_cast<int32_t>(seq.drafts.size());
-  }
-  draft_ngram(seq.params.prompt, seq.generated, o.ngram_min, o.ngram_max, depth, seq.drafts);
-  return static_cast<int32_t>(seq.drafts.size());
-}
-
-void Scheduler::Impl::chain_mtp_drafts() {
-  const int64_t e = engine.config().n_embd;
-  for (Sequence* s : order) s->mtp_base = engine.states().n_mtp_tokens(s->slot);
-  try {
-    for (size_t j = 1;; ++j) {  // each chained row drafts the (j + 1)-th token
-      mtp_batch.clear();
-      mtp_rows_of.clear();
-      for (Sequence* s : order) {
-        if (s->drafts.size() != j || s->draft_depth <= static_cast<int>(j)) continue;
-        mtp_batch.add(s->slot, s->drafts.back(),
-                      static_cast<int32_t>(engine.states().n_mtp_tokens(s->slot)), s->mtp_hidden,
-                      true);
-        mtp_rows_of.push_back(s);
-      }
-      if (mtp_rows_of.empty()) break;
-      engine.mtp_draft(mtp_batch, mtp_drafts, mtp_out);
-      for (size_t i = 0; i < mtp_rows_of.size(); ++i) {
-        mtp_rows_of[i]->drafts.push_back(mtp_drafts[i]);
-        mtp_rows_of[i]->mtp_hidden.assign(mtp_out.begin() + i * e, mtp_out.begin() + (i + 1) * e);
-      }
-    }
-  } catch (const std::exception& ex) {  // drafts are optional: this step runs plain
-    log(LogLevel::kWarn, "scheduler: an MTP draft step failed: {}", ex.what());
-    for (Sequence* s : order) s->drafts.clear();
-  }
-  // Those rows paired drafts with the MTP block's own states: the positions the check accepts
-  // are fed again from the trunk's hidden states after the step (feed_mtp).
-  for (Sequence* s : order) {
-    if (engine.states().n_mtp_tokens(s->slot) > s->mtp_base)
-      engine.truncate_mtp(s->slot, s->mtp_base);
-  }
-}
-
-void Scheduler::Impl::feed_mtp() {
-  const int64_t e = engine.config().n_embd;
-  mtp_batch.clear();
-  mtp_rows_of.clear();
-  for (const Entry& en : entries) {
-    Sequence& s = *en.seq;
-    if (en.hidden_row < 0 || s.slot < 0) continue;  // not drafting with the MTP block, or ended
-    s.mtp_first.reset();
-    // Rows p < end: the trunk holds p (its hidden state came from this step) and the token at
-    // p + 1 is known (the one to feed next, for the last).
-    const int64_t text = static_cast<int64_t>(s.params.prompt.size() + s.generated.size());
-    const int64_t end = std::min(engine.states().n_tokens(s.slot), text - 1);
-    if (s.mtp_next < en.first_position) s.mtp_next = en.first_position;  // (not after admit)
-    if (s.mtp_next >= end) continue;
-    // The next step may draft: the last row's logits give its first draft.
-    const bool first = !s.prefilling() && s.feed.size() == 1 && s.forced.empty() &&
-                       draft_cost.paused == 0 && s.controller.drafts_next();
-    auto position = static_cast<int32_t>(engine.states().n_mtp_tokens(s.slot));
-    for (int64_t p = s.mtp_next; p < end; ++p) {
-      const float* h = hidden.data() + (en.hidden_row + p - en.first_position) * e;
-      mtp_batch.add(s.slot, token_at(s, p + 1), position++, std::span(h, e), first && p + 1 == end);
-    }
-    s.mtp_next = end;
-    if (first) mtp_rows_of.push_back(&s);
-  }
-  if (mtp_batch.size() == 0) return;
-  engine.mtp_draft(mtp_batch, mtp_drafts, mtp_out);
-  for (size_t i = 0; i < mtp_rows_of.size(); ++i) {
-    mtp_rows_of[i]->mtp_first = mtp_drafts[i];
-    mtp_rows_of[i]->mtp_hidden.assign(mtp_out.begin() + i * e, mtp_out.begin() + (i + 1) * e);
-  }
-}
-
-void Scheduler::Impl::check_drafts(Sequence& seq, const Entry& e, size_t first) {
-  seq.checking = true;
-  seq.feed.clear();
-  seq.position += 1;  // the fed token
-  int used = 0, accepted = 0;
-  for (int32_t i = 0; i <= e.n_drafts; ++i) {
-    const ops::SampledToken& t = sampled.at(first + i);
-    ++used;
-    take(seq, t.id, &t);
-    if (seq.update.done) break;
-    // The next row fed drafts[i]: it holds only if that is the token taken, with nothing forced
-    // after it.
-    if (i == e.n_drafts || seq.drafts[i] != t.id || seq.feed.size() != 1) break;
-    seq.feed.clear();
-    seq.position += 1;
-    ++accepted;
-  }
-  ++seq.n_checks;
-  seq.n_drafted += e.n_drafts;
-  seq.n_accepted += accepted;
-  seq.controller.record(e.n_drafts, accepted);
-  seq.sampler.set_rng_state(seq.rng_marks.at(used));
-  if (seq.checking) {  // (finish rolled back already when a token ended the sequence)
-    engine.rollback(seq.slot, seq.position);
-    seq.checking = false;
-  }
 }
 
 void Scheduler::Impl::finish(Sequence& seq, FinishReason reason, std::string error) {

@@ -1,0 +1,145 @@
+// Speculative decoding in the scheduler: each decode step's drafts (n-gram lookup or the MTP
+// chain), the MTP block's rows after a step, checking a step's drafts, and whether checks pay.
+#include <algorithm>
+#include <exception>
+
+#include "core/log.h"
+#include "gen/scheduler_impl.h"
+
+namespace qwenrt::gen {
+
+void Scheduler::Impl::record_step_cost(bool checked, double seconds, uint64_t tokens) {
+  if (tokens == 0) return;
+  DraftCost& c = draft_cost;
+  const double per_token = seconds / static_cast<double>(tokens);
+  double& avg = checked ? c.check : c.plain;
+  int& n = checked ? c.n_check : c.n_plain;
+  avg = n == 0 ? per_token : 0.8 * avg + 0.2 * per_token;
+  ++n;
+  if (c.n_check >= kCostSamples && c.n_plain >= kCostSamples && c.check > c.plain) {
+    c.paused = kCostPauseSteps;
+    c.n_check = 0;  // measured afresh after the pause
+  }
+}
+
+int32_t Scheduler::Impl::make_drafts(Sequence& seq) {
+  seq.drafts.clear();
+  if (!seq.forced.empty() || draft_cost.paused > 0) return 0;
+  int depth = seq.controller.depth();
+  // Room: the drafts and the token after them must fit max_tokens and the context.
+  const int64_t left_tokens = seq.params.max_tokens - static_cast<int64_t>(seq.generated.size());
+  const int64_t left_ctx = engine.states().n_ctx() - (seq.position + 1) - 1;
+  depth = static_cast<int>(std::min<int64_t>({depth, left_tokens - 1, left_ctx}));
+  if (depth <= 0) return 0;
+  // A draft may not run into a thinking budget's forced close (the close replaces what follows).
+  if (seq.thinking && seq.params.thinking_budget) {
+    depth = std::min(depth, *seq.params.thinking_budget - seq.thinking_tokens - 1);
+    if (depth <= 0) return 0;
+  }
+  const DraftOptions& o = options.draft;
+  if (o.kind == DraftKind::kMtp) {
+    if (seq.mtp_first) {
+      seq.drafts.push_back(*seq.mtp_first);
+      seq.draft_depth = depth;
+    }
+    return static_cast<int32_t>(seq.drafts.size());
+  }
+  draft_ngram(seq.params.prompt, seq.generated, o.ngram_min, o.ngram_max, depth, seq.drafts);
+  return static_cast<int32_t>(seq.drafts.size());
+}
+
+void Scheduler::Impl::chain_mtp_drafts() {
+  const int64_t e = engine.config().n_embd;
+  for (Sequence* s : order) s->mtp_base = engine.states().n_mtp_tokens(s->slot);
+  try {
+    for (size_t j = 1;; ++j) {  // each chained row drafts the (j + 1)-th token
+      mtp_batch.clear();
+      mtp_rows_of.clear();
+      for (Sequence* s : order) {
+        if (s->drafts.size() != j || s->draft_depth <= static_cast<int>(j)) continue;
+        mtp_batch.add(s->slot, s->drafts.back(),
+                      static_cast<int32_t>(engine.states().n_mtp_tokens(s->slot)), s->mtp_hidden,
+                      true);
+        mtp_rows_of.push_back(s);
+      }
+      if (mtp_rows_of.empty()) break;
+      engine.mtp_draft(mtp_batch, mtp_drafts, mtp_out);
+      for (size_t i = 0; i < mtp_rows_of.size(); ++i) {
+        mtp_rows_of[i]->drafts.push_back(mtp_drafts[i]);
+        mtp_rows_of[i]->mtp_hidden.assign(mtp_out.begin() + i * e, mtp_out.begin() + (i + 1) * e);
+      }
+    }
+  } catch (const std::exception& ex) {  // drafts are optional: this step runs plain
+    log(LogLevel::kWarn, "scheduler: an MTP draft step failed: {}", ex.what());
+    for (Sequence* s : order) s->drafts.clear();
+  }
+  // Those rows paired drafts with the MTP block's own states: the positions the check accepts
+  // are fed again from the trunk's hidden states after the step (feed_mtp).
+  for (Sequence* s : order) {
+    if (engine.states().n_mtp_tokens(s->slot) > s->mtp_base)
+      engine.truncate_mtp(s->slot, s->mtp_base);
+  }
+}
+
+void Scheduler::Impl::feed_mtp() {
+  const int64_t e = engine.config().n_embd;
+  mtp_batch.clear();
+  mtp_rows_of.clear();
+  for (const Entry& en : entries) {
+    Sequence& s = *en.seq;
+    if (en.hidden_row < 0 || s.slot < 0) continue;  // not drafting with the MTP block, or ended
+    s.mtp_first.reset();
+    // Rows p < end: the trunk holds p (its hidden state came from this step) and the token at
+    // p + 1 is known (the one to feed next, for the last).
+    const int64_t text = static_cast<int64_t>(s.params.prompt.size() + s.generated.size());
+    const int64_t end = std::min(engine.states().n_tokens(s.slot), text - 1);
+    if (s.mtp_next < en.first_position) s.mtp_next = en.first_position;  // (not after admit)
+    if (s.mtp_next >= end) continue;
+    // The next step may draft: the last row's logits give its first draft.
+    const bool first = !s.prefilling() && s.feed.size() == 1 && s.forced.empty() &&
+                       draft_cost.paused == 0 && s.controller.drafts_next();
+    auto position = static_cast<int32_t>(engine.states().n_mtp_tokens(s.slot));
+    for (int64_t p = s.mtp_next; p < end; ++p) {
+      const float* h = hidden.data() + (en.hidden_row + p - en.first_position) * e;
+      mtp_batch.add(s.slot, token_at(s, p + 1), position++, std::span(h, e), first && p + 1 == end);
+    }
+    s.mtp_next = end;
+    if (first) mtp_rows_of.push_back(&s);
+  }
+  if (mtp_batch.size() == 0) return;
+  engine.mtp_draft(mtp_batch, mtp_drafts, mtp_out);
+  for (size_t i = 0; i < mtp_rows_of.size(); ++i) {
+    mtp_rows_of[i]->mtp_first = mtp_drafts[i];
+    mtp_rows_of[i]->mtp_hidden.assign(mtp_out.begin() + i * e, mtp_out.begin() + (i + 1) * e);
+  }
+}
+
+void Scheduler::Impl::check_drafts(Sequence& seq, const Entry& e, size_t first) {
+  seq.checking = true;
+  seq.feed.clear();
+  seq.position += 1;  // the fed token
+  int used = 0, accepted = 0;
+  for (int32_t i = 0; i <= e.n_drafts; ++i) {
+    const ops::SampledToken& t = sampled.at(first + i);
+    ++used;
+    take(seq, t.id, &t);
+    if (seq.update.done) break;
+    // The next row fed drafts[i]: it holds only if that is the token taken, with nothing forced
+    // after it.
+    if (i == e.n_drafts || seq.drafts[i] != t.id || seq.feed.size() != 1) break;
+    seq.feed.clear();
+    seq.position += 1;
+    ++accepted;
+  }
+  ++seq.n_checks;
+  seq.n_drafted += e.n_drafts;
+  seq.n_accepted += accepted;
+  seq.controller.record(e.n_drafts, accepted);
+  seq.sampler.set_rng_state(seq.rng_marks.at(used));
+  if (seq.checking) {  // (finish rolled back already when a token ended the sequence)
+    engine.rollback(seq.slot, seq.position);
+    seq.checking = false;
+  }
+}
+
+}  // namespace qwenrt::gen
