@@ -25,17 +25,13 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/warp.cuh"
 
 namespace qwenrt::ops::cuda {
 namespace {
 
 __device__ __forceinline__ float silu(float x) {
   return x / (1.0f + expf(-x));
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
 }
 
 // ---- 1. conv1d + SiLU ----

@@ -32,6 +32,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/deltanet_chunked.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/warp.cuh"
 
 namespace qwenrt::ops::cuda {
 namespace {
@@ -42,7 +43,6 @@ using chunked::find_chunk;
 using chunked::kCols;
 using chunked::kL;
 using chunked::kThreads;
-using chunked::warp_sum;
 
 // The chunk's [kL][kL] dot products of rows of a with rows of b (both [kL][kD + 1] in shared
 // memory): thread = (row t, 16 columns s), each product handed to put(t, s, dot).

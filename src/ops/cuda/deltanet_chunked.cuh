@@ -36,11 +36,6 @@ struct ChunkParams {
   float eps;
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
 __device__ __forceinline__ int chunks_of(const Span& s) {
   return (s.count + kL - 1) / kL;
 }

@@ -9,6 +9,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/warp.cuh"
 
 namespace qwenrt::ops::cuda {
 namespace {
@@ -23,11 +24,6 @@ __device__ __forceinline__ float silu(float x) {
 }
 __device__ __forceinline__ float sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
 }
 
 unsigned blocks_for(int64_t n, int per_block) {
