@@ -18,6 +18,7 @@
 #include "gen/turn.h"
 #include "ops/cpu/isa.h"
 #include "ops/ops.h"
+#include "support/draft_runs.h"
 #include "support/isa_cap.h"
 #include "tokenizer/tokenizer.h"
 
@@ -66,22 +67,10 @@ TEST(DraftController, GrowsShrinksAndPauses) {
   EXPECT_EQ(DraftController(0).depth(), 0);
 }
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::string text;
-  SequenceUpdate last;
-  int dones = 0;
-};
-
-Sink collect(Outcome& o) {
-  return [&o](SequenceUpdate&& u) {
-    o.tokens.insert(o.tokens.end(), u.tokens.begin(), u.tokens.end());
-    o.text += u.text;
-    if (u.done) {
-      ++o.dones;
-      o.last = std::move(u);
-    }
-  };
+using Outcome = testing_support::DraftOutcome;
+using testing_support::expect_same;
+inline Sink collect(Outcome& o) {
+  return testing_support::collect_outcome(o);
 }
 
 // Below AVX-512 a row's result does not depend on how many rows its step has: drafted and plain
@@ -165,39 +154,6 @@ class DraftExactTest : public ::testing::TestWithParam<ModelCase> {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   SchedulerStats last_stats_;
 };
-
-// The drafted run's outcomes equal the plain run's. Not on cuda: there a check's rows go through
-// the multi-row kernels and a plain step through the one-row ones, which round differently
-// (summation order), so greedy and sampled outputs part at near-ties (measured on the H200: 5 of
-// the 26 drafting cases differ, docs/decisions.md "Speculative decoding on cuda"); there the
-// agreement is printed and the tests' other checks (acceptance, track, limits) still hold.
-void expect_same(bool exact, const std::vector<Outcome>& plain, const std::vector<Outcome>& drafted,
-                 const std::string& what) {
-  ASSERT_EQ(plain.size(), drafted.size());
-  if (!exact) {
-    size_t same = 0;
-    for (size_t i = 0; i < plain.size(); ++i) {
-      const auto& a = plain[i].tokens;
-      const auto& b = drafted[i].tokens;
-      size_t k = 0;
-      while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
-      if (a == b) {
-        ++same;
-      } else {
-        std::printf("[draft] %s, sequence %zu: differs from plain decoding at token %zu of %zu\n",
-                    what.c_str(), i, k, a.size());
-      }
-    }
-    std::printf("[draft] %s: %zu of %zu sequences identical to plain decoding\n", what.c_str(),
-                same, plain.size());
-    return;
-  }
-  for (size_t i = 0; i < plain.size(); ++i) {
-    EXPECT_EQ(drafted[i].tokens, plain[i].tokens) << what << ", sequence " << i;
-    EXPECT_EQ(drafted[i].text, plain[i].text) << what << ", sequence " << i;
-    EXPECT_EQ(drafted[i].last.finish, plain[i].last.finish) << what << ", sequence " << i;
-  }
-}
 
 TEST_P(DraftExactTest, GreedyOutputIsTheSameAtEveryDepth) {
   MatmulIsaCap cap;
