@@ -122,6 +122,21 @@ class Bench {
     }
   }
 
+  // Each repeat: slots 0..n_seq - 1 primed, kWarmupSteps untimed steps, then `decode` timed ones;
+  // step(pos) runs the step at position pos.
+  template <class Step>
+  void time_steps(engine::Engine& e, int64_t n_seq, Step& step, Figure& f) {
+    for (int r = 0; r < opt_.repeats; ++r) {
+      prime(e, n_seq);
+      const auto base = static_cast<int32_t>(opt_.depth);
+      for (int32_t pos = 0; pos < kWarmupSteps; ++pos) step(base + pos);
+      f.seconds.push_back(seconds_of([&] {
+        for (int64_t i = 0; i < opt_.decode; ++i)
+          step(base + static_cast<int32_t>(kWarmupSteps + i));
+      }));
+    }
+  }
+
   // Speculative checks as the scheduler runs them, at batch 1: each step feeds `n_rows` rows
   // (the sequence's token and n_rows - 1 drafts) keeping their states, samples every row
   // greedily, then keeps only the first (Engine::rollback): a check that accepts nothing. Its
@@ -140,15 +155,7 @@ class Bench {
       e.step_sample(b, rows, 0, out);
       e.rollback(0, pos + 1);  // the slot's length: up to and including the first row
     };
-    for (int r = 0; r < opt_.repeats; ++r) {
-      prime(e, 1);
-      const auto base = static_cast<int32_t>(opt_.depth);
-      for (int32_t pos = 0; pos < kWarmupSteps; ++pos) step(base + pos);
-      f.seconds.push_back(seconds_of([&] {
-        for (int64_t i = 0; i < opt_.decode; ++i)
-          step(base + static_cast<int32_t>(kWarmupSteps + i));
-      }));
-    }
+    time_steps(e, 1, step, f);
     return f;
   }
 
@@ -170,15 +177,7 @@ class Bench {
       for (int64_t s = 0; s < n_seq; ++s) b.add(static_cast<int>(s), token(), pos, true);
       e.step_sample(b, rows, 0, out);
     };
-    for (int r = 0; r < opt_.repeats; ++r) {
-      prime(e, n_seq);
-      const auto base = static_cast<int32_t>(opt_.depth);
-      for (int32_t pos = 0; pos < kWarmupSteps; ++pos) step_all(base + pos);
-      f.seconds.push_back(seconds_of([&] {
-        for (int64_t i = 0; i < opt_.decode; ++i)
-          step_all(base + static_cast<int32_t>(kWarmupSteps + i));
-      }));
-    }
+    time_steps(e, n_seq, step_all, f);
     return f;
   }
 
