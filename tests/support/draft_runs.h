@@ -35,7 +35,7 @@ inline gen::Sink collect_outcome(DraftOutcome& o) {
 // The drafted run's outcomes equal the plain run's. Not on cuda (exact = false): there a check's
 // rows go through the multi-row kernels and a plain step through the one-row ones, which round
 // differently (summation order), so greedy and sampled outputs part at near-ties (measured on the
-// H200: 5 of the 26 drafting cases differ, docs/decisions.md "drafting on cuda"); there the
+// H200: 5 of the 22 cuda drafting cases differ, docs/decisions.md "drafting on cuda"); there the
 // agreement is printed and the tests' other checks (acceptance, track, limits) still hold.
 inline void expect_same(bool exact, const std::vector<DraftOutcome>& plain,
                         const std::vector<DraftOutcome>& drafted, const std::string& what) {
