@@ -1,8 +1,8 @@
 // The CUDA matmul kernels (ops/cuda/matmul.cu) against ops::ref: every type with a kernel, the
-// GEMV (n <= 8) and chunked (n > 8) paths, odd shapes, fresh random inputs, NaN-poisoned outputs.
-// matmul and embed go through the public backend (make_cuda_ops); matmul_group, matmul_swiglu and
-// the expert launchers are not reachable through Ops, so they are called directly on device
-// buffers this file allocates.
+// GEMV (n <= 8), tensor-core GEMV (2..64) and chunked / GEMM (n > 8) paths, odd shapes, fresh
+// random inputs, NaN-poisoned outputs. matmul and embed go through the public backend
+// (make_cuda_ops); matmul_group, matmul_swiglu and the expert launchers are not reachable through
+// Ops, so they are called directly on device buffers this file allocates.
 //
 // Tolerances (relative L2 error ||got - want|| / ||want||): int8-activation paths < 2.5e-2 per
 // shape (1e-1 below 16 outputs) and < 1e-2 pooled over a type's shapes (activation rounding gives
@@ -168,9 +168,11 @@ std::vector<int64_t> ins_for(DType t) {
 struct OutN {
   int64_t out, n;
 };
-// Every n of the GEMV (1..8) and chunked (9, 33, 200) paths, odd outs.
-const std::vector<OutN> kOutN = {{1, 1},  {7, 2},    {61, 3},   {300, 5}, {7, 8},
-                                 {61, 9}, {300, 33}, {61, 200}, {1, 200}};
+// Every n of the GEMV (1..8), tensor-core GEMV (2..64: one, two, four and eight 8-row tiles, the
+// last one partial) and chunked / GEMM (9, 33, 65, 200) paths, odd outs.
+const std::vector<OutN> kOutN = {{1, 1},    {7, 2},    {61, 3},   {300, 5},  {7, 8},
+                                 {61, 9},   {300, 16}, {61, 17},  {300, 33}, {7, 40},
+                                 {300, 64}, {61, 65},  {61, 200}, {1, 200}};
 
 class CudaMatmul : public ::testing::TestWithParam<DType> {};
 
@@ -291,27 +293,34 @@ TEST(CudaMatmulLaunchers, GroupOfMixedTypesInOneLaunch) {
   if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(11);
   const int64_t in = 256 * 3;
-  const DType types[3] = {DType::Q4_K, DType::Q6_K, DType::Q8_0};
+  // Q8_0 not in superblocks keeps the first set off the tensor-core GEMV; the others take it in
+  // runs of one type (Q4_K q and k with a Q6_K v; three types).
+  const DType sets[3][3] = {{DType::Q4_K, DType::Q6_K, DType::Q8_0},
+                            {DType::Q4_K, DType::Q4_K, DType::Q6_K},
+                            {DType::Q5_K, DType::Q6_K, DType::Q4_K}};
   const int64_t outs[3] = {61, 7, 300};
-  for (int64_t n : {1, 5, 8, 9, 33}) {
-    const std::vector<float> x = random_floats(n * in, rng);
-    auto dx = to_device(x.data(), n * in * 4);
-    std::vector<HostWeight> hw;
-    std::vector<std::unique_ptr<DeviceBuffer>> data, ys;
-    std::vector<Projection> p;
-    for (int i = 0; i < 3; ++i) {
-      hw.push_back(make_weight(types[i], in, outs[i], 1, rng));
-      data.push_back(to_device(hw[i].bytes.data(), int64_t(hw[i].bytes.size())));
-      ys.push_back(poisoned(n * outs[i]));
-    }
-    for (int i = 0; i < 3; ++i) p.push_back({.w = device_matrix(hw[i], *data[i]), .y = ys[i]->f()});
-    DeviceBuffer ws(matmul_group_workspace_bytes(p.data(), 3, n));
-    matmul_group(p.data(), 3, dx->f(), n, ws.ptr, nullptr);
-    for (int i = 0; i < 3; ++i) {
-      std::vector<float> want(n * outs[i]);
-      ref::matmul(Weight{"w", hw[i].view}, x.data(), want.data(), n);
-      EXPECT_LT(rel_l2(to_host(*ys[i], n * outs[i]), want), 2.5e-2)
-          << "projection " << i << " (" << dtype_name(types[i]) << ") n=" << n;
+  for (const auto& types : sets) {
+    for (int64_t n : {1, 5, 8, 9, 17, 33, 64}) {
+      const std::vector<float> x = random_floats(n * in, rng);
+      auto dx = to_device(x.data(), n * in * 4);
+      std::vector<HostWeight> hw;
+      std::vector<std::unique_ptr<DeviceBuffer>> data, ys;
+      std::vector<Projection> p;
+      for (int i = 0; i < 3; ++i) {
+        hw.push_back(make_weight(types[i], in, outs[i], 1, rng));
+        data.push_back(to_device(hw[i].bytes.data(), int64_t(hw[i].bytes.size())));
+        ys.push_back(poisoned(n * outs[i]));
+      }
+      for (int i = 0; i < 3; ++i)
+        p.push_back({.w = device_matrix(hw[i], *data[i]), .y = ys[i]->f()});
+      DeviceBuffer ws(matmul_group_workspace_bytes(p.data(), 3, n));
+      matmul_group(p.data(), 3, dx->f(), n, ws.ptr, nullptr);
+      for (int i = 0; i < 3; ++i) {
+        std::vector<float> want(n * outs[i]);
+        ref::matmul(Weight{"w", hw[i].view}, x.data(), want.data(), n);
+        EXPECT_LT(rel_l2(to_host(*ys[i], n * outs[i]), want), 2.5e-2)
+            << "projection " << i << " (" << dtype_name(types[i]) << ") n=" << n;
+      }
     }
   }
 }
@@ -328,7 +337,7 @@ TEST(CudaMatmulLaunchers, SwiGluMatchesReference) {
   const std::pair<DType, DType> pairs[] = {
       {DType::Q4_K, DType::Q4_K}, {DType::Q6_K, DType::Q5_K}, {DType::F16, DType::F16}};
   for (const auto& [tg, tu] : pairs) {
-    for (int64_t n : {1, 3, 8, 33}) {
+    for (int64_t n : {1, 3, 8, 17, 33, 64}) {
       const int64_t in = 256 * 3, ff = 61;
       const HostWeight hg = make_weight(tg, in, ff, 1, rng), hu = make_weight(tu, in, ff, 1, rng);
       const std::vector<float> x = random_floats(n * in, rng);

@@ -318,15 +318,23 @@ __device__ __forceinline__ void team_sum(float (&v)[NV], int ts, float (&smem)[k
 }
 
 // ---- Activation quantisation ----------------------------------------------------------------
-// One warp per block of 32: d = max|x| / 127, q = round(x / d). n_blocks = n * in / 32 (rows are
-// contiguous and in is a multiple of 32, so a flat index is row-major). A NaN input gives a NaN
-// scale, so it reaches the output as the reference would.
-__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks,
-                                   int8_t* __restrict__ q, float* __restrict__ d) {
+// One warp per block of 32: d = max|x| / 127, q = round(x / d), s = d * sum(q) (the min and offset
+// terms of the tensor-core GEMV). n_blocks = n * in / 32 (rows are contiguous and in is a multiple
+// of 32, so a flat index is row-major). A NaN input gives a NaN scale, so it reaches the output as
+// the reference would.
+// Blocks from n_blocks to n_padded (the rows that pad the last 8-row tile) become zeros.
+__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks, int64_t n_padded,
+                                   int8_t* __restrict__ q, float* __restrict__ d,
+                                   float* __restrict__ s) {
   pdl_launch_dependents();
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (blk >= n_blocks) return;  // uniform over the warp
+  if (blk >= n_padded) return;  // uniform over the warp
+  if (blk >= n_blocks) {
+    q[blk * 32 + lane] = 0;
+    if (lane == 0) d[blk] = s[blk] = 0.0f;
+    return;
+  }
   const float v = x[blk * 32 + lane];
   float amax = fabsf(v);
   for (int off = 16; off > 0; off >>= 1)
@@ -334,22 +342,37 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks
   const bool bad = __any_sync(0xffffffffu, isnan(v));
   const float scale = bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
   const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  q[blk * 32 + lane] = static_cast<int8_t>(__float2int_rn(v * inv));
-  if (lane == 0) d[blk] = scale;
+  const int qi = __float2int_rn(v * inv);
+  q[blk * 32 + lane] = static_cast<int8_t>(qi);
+  int sum = qi;
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) {
+    d[blk] = scale;
+    s[blk] = scale * float(sum);
+  }
 }
 
-// The quantised activations' place in the workspace: q [rows, in], then d [rows, in / 32].
+// The quantised activations' place in the workspace: q [rows, in], then d and s [rows, in / 32],
+// rows padded to whole 8-row tiles (zeros) for the tensor-core GEMV.
 struct QuantAct {
   int8_t* q;
   float* d;
+  float* s;
 };
+int64_t padded_rows(int64_t rows) {
+  return (rows + 7) / 8 * 8;
+}
 int64_t quant_act_bytes(int64_t rows, int64_t in) {
-  return align256(rows * in) + align256(rows * in / qb::kActBlock * 4);
+  rows = padded_rows(rows);
+  return align256(rows * in) + 2 * align256(rows * in / qb::kActBlock * 4);
 }
 QuantAct quant_act_at(void* workspace, int64_t rows, int64_t in) {
   if (!aligned(workspace, 16)) bad_call("matmul workspace {} is not 16-byte aligned", workspace);
+  rows = padded_rows(rows);
   auto* base = static_cast<int8_t*>(workspace);
-  return {base, reinterpret_cast<float*>(base + align256(rows * in))};
+  const int64_t scales = align256(rows * in / qb::kActBlock * 4);
+  auto* d = reinterpret_cast<float*>(base + align256(rows * in));
+  return {base, d, reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(d) + scales)};
 }
 
 // ---- GEMV over a group of matrices --------------------------------------------------------------
@@ -566,6 +589,10 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
     g.job[i].first_block = blocks;
     blocks += (p[i].w.out + g.rows_per_block - 1) / g.rows_per_block;
   }
+  if (mma_rows(n) && std::all_of(p, p + n_p, [](const Projection& q) { return mma_kind(q.w); })) {
+    const Acts a = prepare_acts(x, n, in, true, workspace, stream);
+    if (mma_group(g, n, a, stream)) return;
+  }
   if (std::all_of(p, p + n_p, [&](const Projection& q) { return gemm_rows(q.w, n); })) {
     const void* xb = any_quant ? gemm_prepare_x(x, n, in, workspace, stream) : nullptr;
     for (int i = 0; i < n_p; ++i)
@@ -635,12 +662,15 @@ Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* w
   if (workspace == nullptr) bad_call("matmul: quantised weights need a workspace");
   const QuantAct qa = quant_act_at(workspace, rows, in);
   const int64_t n_blocks = rows * in / qb::kActBlock;
+  const int64_t n_padded = padded_rows(rows) * in / qb::kActBlock;
   constexpr int kBlocksPerCta = 256 / 32;
-  const int64_t grid = (n_blocks + kBlocksPerCta - 1) / kBlocksPerCta;
-  quantize_q8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, n_blocks, qa.q, qa.d);
+  const int64_t grid = (n_padded + kBlocksPerCta - 1) / kBlocksPerCta;
+  quantize_q8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, n_blocks, n_padded, qa.q,
+                                                                      qa.d, qa.s);
   QWENRT_CUDA_CHECK_LAUNCH();
   a.q = qa.q;
   a.d = qa.d;
+  a.s = qa.s;
   return a;
 }
 
@@ -670,13 +700,16 @@ bool has_kernel(DType type) {
 }
 
 int64_t matmul_workspace_bytes(const Matrix& w, int64_t n) {
-  if (gemm_rows(w, n)) return gemm_workspace_bytes(w, n);
-  return is_quantised(w.dtype) ? quant_act_bytes(n, w.in) : 0;
+  const int64_t quant = is_quantised(w.dtype) ? quant_act_bytes(n, w.in) : 0;
+  if (gemm_rows(w, n)) return std::max(quant, gemm_workspace_bytes(w, n));
+  return quant;
 }
 
 int64_t matmul_swiglu_workspace_bytes(const Matrix& gate, int64_t n) {
-  if (gemm_rows(gate, n)) return gemm_workspace_bytes(gate, n) + align256(n * gate.out * 4);
-  return matmul_workspace_bytes(gate, n);
+  const int64_t quant = matmul_workspace_bytes(gate, n);
+  if (gemm_rows(gate, n))
+    return std::max(quant, gemm_workspace_bytes(gate, n) + align256(n * gate.out * 4));
+  return quant;
 }
 
 void matmul(const Matrix& w, const float* x, float* y, int64_t n, void* workspace,
@@ -706,6 +739,10 @@ void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* 
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
   const int rpb = kThreads / ts;
   const int64_t row_blocks = (gate.out + rpb - 1) / rpb;
+  if (mma_rows(n) && mma_kind(gate) && mma_kind(up)) {
+    const Acts a = prepare_acts(x, n, gate.in, true, workspace, stream);
+    if (mma_swiglu(g, u, y, n, a, stream)) return;
+  }
   if (gemm_rows(gate, n) && gemm_rows(up, n) &&
       is_quantised(gate.dtype) == is_quantised(up.dtype)) {
     // gate into y, up into the workspace after the GEMM's own, then y = silu(y) * up.

@@ -20,17 +20,20 @@ inline bool aligned(const void* p, int64_t a) {
   return reinterpret_cast<uintptr_t>(p) % a == 0;
 }
 
-// The activations of a pass: row r's int8 values at q + r * in, scales at d + r * in / 32, and the
-// fp32 row at x + r * in (float weights use x; quantised ones q and d).
+// The activations of a pass: row r's int8 values at q + r * in, scales at d + r * in / 32, block
+// sums d * sum(q) at s + r * in / 32, and the fp32 row at x + r * in (float weights use x;
+// quantised ones q, d and s; prepare_acts pads q, d and s with zero rows to a multiple of 8).
 struct Acts {
   const int8_t* q;
   const float* d;
   const float* x;
   int64_t in;
+  const float* s = nullptr;
 };
 __host__ __device__ inline Acts shift_rows(Acts a, int64_t rows) {
   a.q = a.q ? a.q + rows * a.in : nullptr;
   a.d = a.d ? a.d + rows * (a.in / qb::kActBlock) : nullptr;
+  a.s = a.s ? a.s + rows * (a.in / qb::kActBlock) : nullptr;
   a.x = a.x ? a.x + rows * a.in : nullptr;
   return a;
 }
@@ -90,6 +93,18 @@ bool staged_experts_down_pairs(const MatArg& d, const int32_t* ids, float* y, in
                                const Acts& a, cudaStream_t stream);
 bool staged_experts_down(const MatArg& d, const int32_t* ids, const float* weights, int k, float* y,
                          int64_t n, const Acts& a, cudaStream_t stream);
+
+// ---- gemv_mma.cu: quantised weights on int8 tensor cores, 2..64 rows (activations quantised by
+// the caller, with their block sums) ----
+// Whether n rows take the tensor-core GEMV (2 <= n <= QWENRT_CUDA_MMA_ROWS, default 32, at most 64;
+// 0: never).
+bool mma_rows(int64_t n);
+// Whether W has a tensor-core GEMV (Q4_K, Q5_K, Q6_K, Q8_0 in superblocks; single matrices).
+bool mma_kind(const Matrix& w);
+// Each returns false, having launched nothing, where it has no kernel (type, alignment, n).
+bool mma_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream);
+bool mma_swiglu(const MatArg& g, const MatArg& u, float* y, int64_t n, const Acts& a,
+                cudaStream_t stream);
 
 // ---- gemv_resident.cu: one activation row, x in fp32 (quantised inside) ----
 // Each returns false, having launched nothing, where it has no kernel or measured slower.
