@@ -340,15 +340,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     // Rows past the end read the last row (their outputs are not written).
     const uint8_t* w0 = w.data + min(row0 + gq, out - 1) * w.row_bytes;
     const uint8_t* w1 = w.data + min(row0 + gq + 8, out - 1) * w.row_bytes;
-    // The next superblock's loads are in flight while this one is computed (the last
-    // iteration reloads the row's last superblock, from cache).
-    if (warp >= n_sb) continue;
-    typename T::Raw r = T::load(w0 + warp * T::kBytes, w1 + warp * T::kBytes, t);
+    // (Loading the next superblock before computing this one measured slower: 515 -> 478 tok/s
+    // on the 27B at 8 rows; the registers cost more warps than the loads in flight gain.)
     for (int64_t sb = warp; sb < n_sb; sb += warps) {
-      const int64_t nx = min(sb + warps, n_sb - 1);
-      const typename T::Raw next = T::load(w0 + nx * T::kBytes, w1 + nx * T::kBytes, t);
+      const typename T::Raw r = T::load(w0 + sb * T::kBytes, w1 + sb * T::kBytes, t);
       T::template compute<NT>(r, sb, t, al, acc[m]);
-      r = next;
     }
   }
   // The warps' partial tiles: red[((m * NT + nt) * 4 + i) * warps * 32 + warp * 32 + lane].
@@ -375,6 +371,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     const float r = NM == 2 ? silu(sum[0]) * sum[NM - 1] : sum[0];
     g.job[j].y[int64_t{col} * g.job[j].y_stride + row] = r;
   }
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? fallback : std::atoi(v);
+}
+// The most warps a block splits a row over (a measurement knob; default: warps_for's rule).
+int max_warps() {
+  static const int w = std::clamp(env_int("QWENRT_CUDA_MMA_WARPS", 0), 0, kMaxWarps);
+  return w;
 }
 
 int max_rows_from_env() {
@@ -433,11 +439,13 @@ void with_nt(int64_t n, F&& f) {
 }
 
 // Warps per block: up to one per superblock of a row, no more than the partial tiles' shared
-// memory holds.
+// memory holds; 4 for up to 16 rows and 8 above (27B on the H200, rows 8 / 16 / 32: 496 / 722 /
+// 835 tok/s with 4 warps, 478 / 659 / 862 with 8).
 int warps_for(int64_t n_sb, int nm, int nt) {
   const int by_smem = kReduceBytes / (nm * nt * 4 * 32 * 4);
   const int64_t by_row = std::max<int64_t>(1, n_sb);
-  return static_cast<int>(std::min<int64_t>({kMaxWarps, by_smem, by_row}));
+  const int most = max_warps() > 0 ? max_warps() : nt <= 2 ? 4 : kMaxWarps;
+  return static_cast<int>(std::min<int64_t>({most, by_smem, by_row}));
 }
 
 bool mma_fits(const MatArg& m, const Acts& a) {
@@ -463,7 +471,10 @@ bool launch_mma(const Group& g, int64_t n, const Acts& a, int64_t blocks, cudaSt
 
 bool mma_rows(int64_t n) {
   static const int max_rows = max_rows_from_env();
-  return n >= 2 && n <= max_rows;
+  // From 3 rows: at 2 the staged GEMV measured faster (27B, 2-row checks: 79.9 against 61.0
+  // checks/s; every micro-benchmark shape 0.5-0.8x), from 4 rows (Q4_K) and 5 (end to end) slower.
+  static const int min_rows = std::max(2, env_int("QWENRT_CUDA_MMA_MIN_ROWS", 3));
+  return n >= min_rows && n <= max_rows;
 }
 
 bool mma_kind(const Matrix& w) {

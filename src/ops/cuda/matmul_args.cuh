@@ -96,8 +96,8 @@ bool staged_experts_down(const MatArg& d, const int32_t* ids, const float* weigh
 
 // ---- gemv_mma.cu: quantised weights on int8 tensor cores, 2..64 rows (activations quantised by
 // the caller, with their block sums) ----
-// Whether n rows take the tensor-core GEMV (2 <= n <= QWENRT_CUDA_MMA_ROWS, default 32, at most 64;
-// 0: never).
+// Whether n rows take the tensor-core GEMV (QWENRT_CUDA_MMA_MIN_ROWS <= n <= QWENRT_CUDA_MMA_ROWS,
+// defaults 3 and 32; at most 64; QWENRT_CUDA_MMA_ROWS=0: never).
 bool mma_rows(int64_t n);
 // Whether W has a tensor-core GEMV (Q4_K, Q5_K, Q6_K, Q8_0 in superblocks; single matrices).
 bool mma_kind(const Matrix& w);
