@@ -101,6 +101,16 @@ struct FragK16 {
   float ws0[16], ws1[16];
 };
 
+// N-tile nt's activation block scales over superblock sb: columns 2t (xd0) and 2t + 1 (xd1);
+// returns their offset in a row's scales.
+__device__ __forceinline__ int64_t tile_scales(const ActLane& al, int nt, int64_t sb,
+                                               float (&xd0)[8], float (&xd1)[8]) {
+  const int64_t ds = nt * 8 * al.nb + sb * 8;
+  load8f(al.d + ds, xd0);
+  load8f(al.d + ds + al.nb, xd1);
+  return ds;
+}
+
 // The fragments against every n-tile: acc[nt] += the superblock sb's dot products.
 template <int NT, bool MIN>
 __device__ __forceinline__ void apply(const FragK32& f, const ActLane& al, int64_t sb, int t,
@@ -108,10 +118,8 @@ __device__ __forceinline__ void apply(const FragK32& f, const ActLane& al, int64
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int8_t* q = al.q + nt * al.q_step + sb * 256 + 8 * t;
-    const int64_t ds = nt * 8 * al.nb + sb * 8;
     float xd0[8], xd1[8];
-    load8f(al.d + ds, xd0);
-    load8f(al.d + ds + al.nb, xd1);
+    const int64_t ds = tile_scales(al, nt, sb, xd0, xd1);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint2 b = qb::load8(reinterpret_cast<const uint8_t*>(q + 32 * j));
@@ -134,10 +142,8 @@ __device__ __forceinline__ void apply(const FragK16& f, const ActLane& al, int64
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int8_t* q = al.q + nt * al.q_step + sb * 256 + 4 * t;
-    const int64_t ds = nt * 8 * al.nb + sb * 8;
     float xd0[8], xd1[8];
-    load8f(al.d + ds, xd0);
-    load8f(al.d + ds + al.nb, xd1);
+    tile_scales(al, nt, sb, xd0, xd1);
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const uint32_t b = *reinterpret_cast<const uint32_t*>(q + 16 * i);
