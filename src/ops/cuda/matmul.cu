@@ -5,9 +5,11 @@
 // Design (batch-1 decode is a stream over the weights, so everything is a GEMV):
 // - Quantised weights: x is quantised to int8 blocks of 32 with an fp32 scale and dotted against
 //   the weight blocks with dp4a (quant_blocks.cuh). F32 / F16 / BF16 weights read x in fp32.
-// - Each launcher tries, in order: the resident GEMV (gemv_resident.cu; one row of x, quantised
-//   inside the kernel), the staged GEMV (gemv_staged.cu; n <= 8 rows quantised here first by
-//   quantize_q8_kernel), then the team kernels of this file, which take every case.
+// - Each launcher tries, in order: the tensor-core GEMV (gemv_mma.cu; 3..32 rows), the cuBLAS
+//   GEMM (gemm.cu; 32+ rows), the resident GEMV (gemv_resident.cu; one row of x, quantised inside
+//   the kernel), the staged GEMV (gemv_staged.cu; n <= 8 rows), then the team kernels of this
+//   file, which take every case; the activations of all but the resident GEMV are quantised first
+//   (act_quant.cu).
 // - A team GEMV block is 128 threads split into teams of ts = 16..128 threads, one output row per
 // team
 //   (rows_per_block = 128 / ts, chosen from the row length so every thread has a few 16-byte
@@ -23,12 +25,7 @@
 //   device, so every launcher is capturable into a CUDA graph.
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <vector>
 
 #include "core/dtype.h"
 #include "ops/cuda/check.h"
@@ -45,39 +42,6 @@ constexpr int kThreads = 128;  // threads per GEMV block (4 warps)
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 8;  // activation rows per pass over the weights
 constexpr int kMaxGridY = 65535;
-
-// Call errors go through cuda_fail (check.h: .cu files cannot use fmt), with the message built
-// here: each "{}" of `format` becomes the next argument.
-std::string to_text(std::string_view s) {
-  return std::string(s);
-}
-std::string to_text(const char* s) {
-  return s;
-}
-std::string to_text(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
-template <class T>
-requires std::is_integral_v<T> std::string to_text(T v) {
-  return std::to_string(v);
-}
-template <class... Args>
-[[noreturn]] void bad_call(const char* format, const Args&... args) {
-  const std::vector<std::string> parts{to_text(args)...};
-  std::string message;
-  size_t next = 0;
-  for (const char* c = format; *c; ++c) {
-    if (c[0] == '{' && c[1] == '}' && next < parts.size()) {
-      message += parts[next++];
-      ++c;
-    } else {
-      message += *c;
-    }
-  }
-  cuda_fail(message);
-}
 
 int64_t align256(int64_t bytes) {
   return (bytes + 255) / 256 * 256;
@@ -160,24 +124,25 @@ int team_size(int64_t units) {
 
 // Shapes and alignment the kernels rely on, checked once per call on the host.
 MatArg mat_arg(const Matrix& w, const float* x, const char* what) {
-  if (!has_kernel(w.dtype)) bad_call("{}: no CUDA matmul kernel for {}", what, dtype_name(w.dtype));
-  if (w.in <= 0 || w.out <= 0) bad_call("{}: empty matrix [{}, {}]", what, w.in, w.out);
+  if (!has_kernel(w.dtype))
+    cuda_fail("{}: no CUDA matmul kernel for {}", what, dtype_name(w.dtype));
+  if (w.in <= 0 || w.out <= 0) cuda_fail("{}: empty matrix [{}, {}]", what, w.in, w.out);
   const auto& tr = traits(w.dtype);
   if (w.in % tr.block_elems != 0)
-    bad_call("{}: in = {} is not a multiple of {}'s block of {}", what, w.in, dtype_name(w.dtype),
-             tr.block_elems);
+    cuda_fail("{}: in = {} is not a multiple of {}'s block of {}", what, w.in, dtype_name(w.dtype),
+              tr.block_elems);
   // Q4_K / Q5_K units are 16-byte loads, IQ4_XS 8-byte, the rest 2-byte (F32 4-byte).
   if (w.q8_superblocks && (w.dtype != DType::Q8_0 || w.in % qb::Q80S::kElems != 0))
-    bad_call("{}: a {} matrix with in = {} cannot be in Q8_0 superblocks", what,
-             dtype_name(w.dtype), w.in);
+    cuda_fail("{}: a {} matrix with in = {} cannot be in Q8_0 superblocks", what,
+              dtype_name(w.dtype), w.in);
   const int64_t need = w.dtype == DType::Q4_K || w.dtype == DType::Q5_K || w.q8_superblocks ? 16
                        : w.dtype == DType::IQ4_XS                                           ? 8
                        : w.dtype == DType::F32                                              ? 4
                                                                                             : 2;
   if (!aligned(w.data, need) || w.row_bytes % need != 0 ||
       (w.n_expert > 1 && w.expert_bytes % need != 0))
-    bad_call("{}: {} rows must be {}-byte aligned (data {}, row_bytes {}, expert_bytes {})", what,
-             dtype_name(w.dtype), need, w.data, w.row_bytes, w.expert_bytes);
+    cuda_fail("{}: {} rows must be {}-byte aligned (data {}, row_bytes {}, expert_bytes {})", what,
+              dtype_name(w.dtype), need, w.data, w.row_bytes, w.expert_bytes);
   const bool vec = !is_quantised(w.dtype) && float_vec_ok(w, x);
   return {.data = static_cast<const uint8_t*>(w.data),
           .row_bytes = w.row_bytes,
@@ -317,64 +282,6 @@ __device__ __forceinline__ void team_sum(float (&v)[NV], int ts, float (&smem)[k
   }
 }
 
-// ---- Activation quantisation ----------------------------------------------------------------
-// One warp per block of 32: d = max|x| / 127, q = round(x / d), s = d * sum(q) (the min and offset
-// terms of the tensor-core GEMV). n_blocks = n * in / 32 (rows are contiguous and in is a multiple
-// of 32, so a flat index is row-major). A NaN input gives a NaN scale, so it reaches the output as
-// the reference would.
-// Blocks from n_blocks to n_padded (the rows that pad the last 8-row tile) become zeros.
-__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks, int64_t n_padded,
-                                   int8_t* __restrict__ q, float* __restrict__ d,
-                                   float* __restrict__ s) {
-  pdl_launch_dependents();
-  const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (blk >= n_padded) return;  // uniform over the warp
-  if (blk >= n_blocks) {
-    q[blk * 32 + lane] = 0;
-    if (lane == 0) d[blk] = s[blk] = 0.0f;
-    return;
-  }
-  const float v = x[blk * 32 + lane];
-  float amax = fabsf(v);
-  for (int off = 16; off > 0; off >>= 1)
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const bool bad = __any_sync(0xffffffffu, isnan(v));
-  const float scale = bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  const int qi = __float2int_rn(v * inv);
-  q[blk * 32 + lane] = static_cast<int8_t>(qi);
-  int sum = qi;
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (lane == 0) {
-    d[blk] = scale;
-    s[blk] = scale * float(sum);
-  }
-}
-
-// The quantised activations' place in the workspace: q [rows, in], then d and s [rows, in / 32],
-// rows padded to whole 8-row tiles (zeros) for the tensor-core GEMV.
-struct QuantAct {
-  int8_t* q;
-  float* d;
-  float* s;
-};
-int64_t padded_rows(int64_t rows) {
-  return (rows + 7) / 8 * 8;
-}
-int64_t quant_act_bytes(int64_t rows, int64_t in) {
-  rows = padded_rows(rows);
-  return align256(rows * in) + 2 * align256(rows * in / qb::kActBlock * 4);
-}
-QuantAct quant_act_at(void* workspace, int64_t rows, int64_t in) {
-  if (!aligned(workspace, 16)) bad_call("matmul workspace {} is not 16-byte aligned", workspace);
-  rows = padded_rows(rows);
-  auto* base = static_cast<int8_t*>(workspace);
-  const int64_t scales = align256(rows * in / qb::kActBlock * 4);
-  auto* d = reinterpret_cast<float*>(base + align256(rows * in));
-  return {base, d, reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(d) + scales)};
-}
-
 // ---- GEMV over a group of matrices --------------------------------------------------------------
 template <int NR>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ Group g, Acts a) {
@@ -507,7 +414,7 @@ void launch_gemv(int nr, const Group& g, int64_t grid, const Acts& a, cudaStream
     QWENRT_GEMV_CASE(8)
 #undef QWENRT_GEMV_CASE
     default:
-      bad_call("launch_gemv: {} rows per pass", nr);
+      cuda_fail("launch_gemv: {} rows per pass", nr);
   }
   QWENRT_CUDA_CHECK_LAUNCH();
 }
@@ -530,7 +437,7 @@ void launch_swiglu(int nr, const MatArg& gate, const MatArg& up, float* y, int t
     QWENRT_SWIGLU_CASE(8)
 #undef QWENRT_SWIGLU_CASE
     default:
-      bad_call("launch_swiglu: {} rows per pass", nr);
+      cuda_fail("launch_swiglu: {} rows per pass", nr);
   }
   QWENRT_CUDA_CHECK_LAUNCH();
 }
@@ -567,7 +474,7 @@ void over_row_chunks(int64_t n, Launch&& launch) {
 void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* workspace,
                cudaStream_t stream) {
   if (n <= 0) return;
-  if (n_p < 1 || n_p > kMaxJobs) bad_call("matmul_group: {} projections (1..{})", n_p, kMaxJobs);
+  if (n_p < 1 || n_p > kMaxJobs) cuda_fail("matmul_group: {} projections (1..{})", n_p, kMaxJobs);
   const int64_t in = p[0].w.in;
   bool any_quant = false;
   int64_t max_units = 0;
@@ -575,7 +482,7 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
   g.n_jobs = n_p;
   for (int i = 0; i < n_p; ++i) {
     if (p[i].w.in != in)
-      bad_call("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in, in);
+      cuda_fail("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in, in);
     g.job[i].m = mat_arg(p[i].w, x, "matmul");
     g.job[i].y = p[i].y;
     g.job[i].y_stride = p[i].w.out;
@@ -652,28 +559,6 @@ bool is_quantised(DType t) {
   }
 }
 
-// Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
-// reads.
-Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* workspace,
-                  cudaStream_t stream) {
-  Acts a{nullptr, nullptr, x, in};
-  if (!needed || rows == 0) return a;
-  if (in % qb::kActBlock != 0) bad_call("matmul: in = {} is not a multiple of 32", in);
-  if (workspace == nullptr) bad_call("matmul: quantised weights need a workspace");
-  const QuantAct qa = quant_act_at(workspace, rows, in);
-  const int64_t n_blocks = rows * in / qb::kActBlock;
-  const int64_t n_padded = padded_rows(rows) * in / qb::kActBlock;
-  constexpr int kBlocksPerCta = 256 / 32;
-  const int64_t grid = (n_padded + kBlocksPerCta - 1) / kBlocksPerCta;
-  quantize_q8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, n_blocks, n_padded, qa.q,
-                                                                      qa.d, qa.s);
-  QWENRT_CUDA_CHECK_LAUNCH();
-  a.q = qa.q;
-  a.d = qa.d;
-  a.s = qa.s;
-  return a;
-}
-
 }  // namespace mm
 
 bool q8_0_superblocks_fit(int64_t in) {
@@ -682,10 +567,10 @@ bool q8_0_superblocks_fit(int64_t in) {
 
 void repack_q8_0_superblocks(const void* src, void* dst, int64_t bytes, cudaStream_t stream) {
   if (bytes < 0 || bytes % qb::Q80S::kBytes != 0)
-    bad_call("repack_q8_0_superblocks: {} bytes is not whole superblocks of {}", bytes,
-             qb::Q80S::kBytes);
+    cuda_fail("repack_q8_0_superblocks: {} bytes is not whole superblocks of {}", bytes,
+              qb::Q80S::kBytes);
   if (!aligned(src, 16) || !aligned(dst, 16))
-    bad_call("repack_q8_0_superblocks: unaligned src {} or dst {}", src, dst);
+    cuda_fail("repack_q8_0_superblocks: unaligned src {} or dst {}", src, dst);
   const int64_t n_words = bytes / 2;
   if (n_words == 0) return;
   constexpr int kThreadsPerBlock = 256;
@@ -733,8 +618,8 @@ void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* 
                    void* workspace, cudaStream_t stream) {
   if (n <= 0) return;
   if (gate.in != up.in || gate.out != up.out)
-    bad_call("matmul_swiglu: gate [{}, {}] and up [{}, {}] differ", gate.in, gate.out, up.in,
-             up.out);
+    cuda_fail("matmul_swiglu: gate [{}, {}] and up [{}, {}] differ", gate.in, gate.out, up.in,
+              up.out);
   const MatArg g = mat_arg(gate, x, "matmul_swiglu gate"), u = mat_arg(up, x, "matmul_swiglu up");
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
   const int rpb = kThreads / ts;
@@ -770,9 +655,9 @@ void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, in
                     float* y, int64_t n, void* workspace, cudaStream_t stream) {
   if (n <= 0) return;
   if (gate.in != up.in || gate.out != up.out || gate.n_expert != up.n_expert)
-    bad_call("experts_swiglu: gate [{}, {}, {}] and up [{}, {}, {}] differ", gate.in, gate.out,
-             gate.n_expert, up.in, up.out, up.n_expert);
-  if (k < 1) bad_call("experts_swiglu: k = {}", k);
+    cuda_fail("experts_swiglu: gate [{}, {}, {}] and up [{}, {}, {}] differ", gate.in, gate.out,
+              gate.n_expert, up.in, up.out, up.n_expert);
+  if (k < 1) cuda_fail("experts_swiglu: k = {}", k);
   const MatArg g = mat_arg(gate, x, "experts_swiglu gate");
   const MatArg u = mat_arg(up, x, "experts_swiglu up");
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
@@ -792,7 +677,7 @@ void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, in
 void experts_down(const Matrix& down, const int32_t* ids, const float* weights, int k,
                   const float* x, float* y, int64_t n, void* workspace, cudaStream_t stream) {
   if (n <= 0) return;
-  if (k < 1) bad_call("experts_down: k = {}", k);
+  if (k < 1) cuda_fail("experts_down: k = {}", k);
   const MatArg d = mat_arg(down, x, "experts_down");
   const int ts = team_size(row_units(down, d.vec));
   const int rpb = kThreads / ts;
@@ -812,7 +697,7 @@ bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const flo
   if (staged_vec_of(d) < 4) return false;
   const Acts a = prepare_acts(x, n * k, down.in, true, workspace, stream);
   if (!staged_experts_down_pairs(d, ids, y_pairs, n * k, a, stream)) {
-    bad_call("experts_down_pairs: no staged kernel for {}", dtype_name(down.dtype));
+    cuda_fail("experts_down_pairs: no staged kernel for {}", dtype_name(down.dtype));
   }
   return true;
 }
@@ -821,7 +706,7 @@ void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* ou
                 cudaStream_t stream) {
   if (n <= 0) return;
   if (!has_kernel(table.dtype))
-    bad_call("embed_rows: no CUDA kernel for {}", dtype_name(table.dtype));
+    cuda_fail("embed_rows: no CUDA kernel for {}", dtype_name(table.dtype));
   constexpr int kEmbedThreads = 256;
   const dim3 grid(static_cast<unsigned>((table.in + kEmbedThreads - 1) / kEmbedThreads),
                   static_cast<unsigned>(std::min<int64_t>(n, kMaxGridY)));

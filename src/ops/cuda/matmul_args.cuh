@@ -75,10 +75,14 @@ __device__ __forceinline__ void warp_sum(float (&v)[NV]) {
 
 // ---- matmul.cu -----------------------------------------------------------------------------
 bool is_quantised(DType t);
+
+// ---- act_quant.cu ---------------------------------------------------------------------------
 // Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
 // reads.
 Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* workspace,
                   cudaStream_t stream);
+// Workspace bytes prepare_acts needs for `rows` rows of `in`.
+int64_t quant_act_bytes(int64_t rows, int64_t in);
 
 // ---- gemv_staged.cu: quantised weights, n <= 8 rows (activations quantised by the caller) ----
 // Each returns false, having launched nothing, where it has no kernel (type, alignment, n).
