@@ -1,4 +1,4 @@
-// The tensor-core GEMV (matmul_args.cuh, "gemv_mma.cu"): quantised weights against 2..64
+// The tensor-core GEMV (matmul_args.cuh, "gemv_mma.cu"): quantised weights against 3..32
 // activation rows already quantised to int8, for batched decode and speculative checks.
 //
 // The staged GEMV dots every activation row against each weight unit with dp4a, so each row
@@ -418,17 +418,12 @@ bool with_mma_type(const MatArg& m, F&& f) {
   }
 }
 
+// Whether a matrix of type t (q8s: Q8_0 in superblocks) has a kernel here.
+bool mma_dtype(DType t, bool q8s) {
+  return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || (t == DType::Q8_0 && q8s);
+}
 bool mma_type_ok(const MatArg& m) {
-  switch (m.dtype) {
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::Q6_K:
-      return true;
-    case DType::Q8_0:
-      return m.q8s;
-    default:
-      return false;
-  }
+  return mma_dtype(m.dtype, m.q8s);
 }
 
 template <class F>
@@ -484,16 +479,7 @@ bool mma_rows(int64_t n) {
 }
 
 bool mma_kind(const Matrix& w) {
-  switch (w.dtype) {
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::Q6_K:
-      return w.n_expert == 1 && w.in % kSuperElems == 0;
-    case DType::Q8_0:
-      return w.q8_superblocks && w.n_expert == 1 && w.in % kSuperElems == 0;
-    default:
-      return false;
-  }
+  return mma_dtype(w.dtype, w.q8_superblocks) && w.n_expert == 1 && w.in % kSuperElems == 0;
 }
 
 bool mma_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream) {
