@@ -25,6 +25,7 @@
 
 #include "ops/ops.h"
 #include "support/model_files.h"
+#include "support/scoped_env.h"
 
 namespace qwenrt::ops {
 namespace {
@@ -340,32 +341,10 @@ INSTANTIATE_TEST_SUITE_P(Steps, CudaAttention,
                                   std::get<1>(info.param).name;
                          });
 
-// Sets an environment variable for one scope (the tests' process only), restoring it after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_.empty()) {
-      unsetenv(name_);
-    } else {
-      setenv(name_, old_.c_str(), 1);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-};
-
 // The fp32 tiles kernel (QWENRT_CUDA_FLASH_PREFILL=0) still matches with the fp32 tolerance.
 TEST(CudaAttentionFp32Tiles, MatchesReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const ScopedEnv fp32_tiles("QWENRT_CUDA_FLASH_PREFILL", "0");
+  const testing_support::ScopedEnv fp32_tiles("QWENRT_CUDA_FLASH_PREFILL", "0");
   for (const HeadShape& shape : {kTiny, k27B, kMha}) {
     SCOPED_TRACE(shape.name);
     AttentionRig rig(shape, 48, {0, 500, 0, 33}, {65, 501, 200, 163}, 11);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/pdl.cuh"
@@ -56,6 +57,8 @@ struct ResidentArgs {
   int in;                 // a multiple of 256
   int slices, row_lanes;  // S, R
   int max_groups;         // row groups a block visits, at most (the partials' shared memory)
+  int stages;             // streamed kernel: stages of its shared-memory ring
+  int64_t stage_bytes;    // bytes a stage (NM x R rows of row_bytes[0], rounded up to 128)
 };
 
 template <int MODE>
@@ -111,6 +114,33 @@ __device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
   }
 }
 
+// The rows of this block's groups from their slice partials (part[(m S + s) part_stride + t R +
+// i]: matrix m, slice s, row i of the block's t-th group), summed in slice order, by threads tid
+// of n.
+template <int MODE>
+__device__ __forceinline__ void resident_store_partials(const ResidentArgs& a, const float* part,
+                                                        int part_stride, int tid, int n) {
+  constexpr int NM = resident_mats<MODE>();
+  const int S = a.slices, R = a.row_lanes;
+  for (int l = tid; l < part_stride; l += n) {
+    const int64_t row = (int64_t{blockIdx.x} + int64_t{l / R} * gridDim.x) * R + l % R;
+    if (row >= a.total_rows) continue;
+    float v[NM];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      float sum = 0.0f;
+      for (int q = 0; q < S; ++q) sum += part[(m * S + q) * part_stride + l];
+      v[m] = sum;
+    }
+    bool row_ok = true;
+    if constexpr (MODE == kResExperts) {
+      const int32_t e = a.ids[row / a.ff];
+      row_ok = e >= 0 && e < a.n_expert;
+    }
+    resident_store<MODE>(a, row, v, row_ok);
+  }
+}
+
 // Elements a unit of T covers (32, or 64 for Q4K64), and its 16-element activation vectors.
 template <class T>
 constexpr int unit_elems() {
@@ -120,6 +150,69 @@ template <class T>
 constexpr int unit_acts() {
   return unit_elems<T>() / 16;
 }
+
+// x [in] (in a multiple of 256, 16-byte aligned) into shared memory as int8 blocks of 32 with
+// quantize_q8_kernel's arithmetic, by threads tid of n (a multiple of 32): four threads a block,
+// eight elements each (in / 8 is a multiple of 32, so whole warps take part in each round of
+// shuffles).
+__device__ __forceinline__ void quantise_x_shared(const float* x, int in, int8_t* sq, float* sd,
+                                                  int tid, int n) {
+  for (int t = tid; t < in / 8; t += n) {
+    const float4 v0 = reinterpret_cast<const float4*>(x)[2 * t];
+    const float4 v1 = reinterpret_cast<const float4*>(x)[2 * t + 1];
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float amax = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      amax = fmaxf(amax, fabsf(v[i]));
+      bad = bad || isnan(v[i]);
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    int any_bad = bad ? 1 : 0;
+    any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 1);
+    any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 2);
+    const float scale = any_bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    uint32_t packed[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      packed[i / 4] |= (uint32_t(__float2int_rn(v[i] * inv)) & 0xff) << (8 * (i % 4));
+    *reinterpret_cast<uint2*>(sq + 8 * t) = make_uint2(packed[0], packed[1]);
+    if (t % 4 == 0) sd[t / 4] = scale;
+  }
+}
+
+// A lane's units of x in registers: units u0 + 32 i (i < UPL) of every row, their int8 values
+// (av), scales (xd) and scaled sums (xs = xd sum(q)); zero past the row's n_units.
+template <class T, int UPL>
+struct LaneActs {
+  static constexpr int NA = unit_acts<T>();
+  int4 av[UPL][NA];
+  float xd[UPL][NA], xs[UPL][NA];
+
+  __device__ __forceinline__ void load(const int8_t* aq, const float* ad, int u0, int j,
+                                       int n_units) {
+#pragma unroll
+    for (int i = 0; i < UPL; ++i) {
+      const int u = u0 + 32 * i;
+#pragma unroll
+      for (int k = 0; k < NA; ++k) {
+        av[i][k] = make_int4(0, 0, 0, 0);
+        xd[i][k] = xs[i][k] = 0.0f;
+        if (u < n_units) {
+          const int e = (u / T::kUnits) * T::kElems + T::act_offset(j, k);
+          av[i][k] = *reinterpret_cast<const int4*>(aq + e);
+          xd[i][k] = ad[e / qb::kActBlock];
+          const int4 v = av[i][k];
+          xs[i][k] =
+              xd[i][k] * float(qb::sum4(v.w, qb::sum4(v.z, qb::sum4(v.y, qb::sum4(v.x, 0)))));
+        }
+      }
+    }
+  }
+};
 
 template <class T, int UPL, int MODE>
 __device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, int u0, int j,
@@ -144,7 +237,6 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
     resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
   constexpr int NM = resident_mats<MODE>();
   constexpr int DEPTH = resident_depth<UPL, MODE>(), NB = DEPTH + 1;
-  constexpr int NA = unit_acts<T>();
   static_assert(T::kElems == 256 && (T::kUnits == 8 || T::kUnits == 4),
                 "resident GEMV: 256-element blocks of 8 or 4 units");
   extern __shared__ __align__(16) uint8_t res_smem[];
@@ -175,56 +267,11 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
   if constexpr (MODE == kResExperts) load_ahead();
 
   if (a.xq == nullptr) {
-    // x into shared memory as int8 blocks of 32: four threads a block, eight elements each (in
-    // / 8 is a multiple of 32, so whole warps take part in each round of shuffles).
-    for (int t = threadIdx.x; t < a.in / 8; t += blockDim.x) {
-      const float4 v0 = reinterpret_cast<const float4*>(a.x)[2 * t];
-      const float4 v1 = reinterpret_cast<const float4*>(a.x)[2 * t + 1];
-      const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-      float amax = 0.0f;
-      bool bad = false;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        amax = fmaxf(amax, fabsf(v[i]));
-        bad = bad || isnan(v[i]);
-      }
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      int any_bad = bad ? 1 : 0;
-      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 1);
-      any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 2);
-      const float scale = any_bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
-      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-      uint32_t packed[2] = {0, 0};
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        packed[i / 4] |= (uint32_t(__float2int_rn(v[i] * inv)) & 0xff) << (8 * (i % 4));
-      *reinterpret_cast<uint2*>(sq + 8 * t) = make_uint2(packed[0], packed[1]);
-      if (t % 4 == 0) sd[t / 4] = scale;
-    }
+    quantise_x_shared(a.x, a.in, sq, sd, threadIdx.x, blockDim.x);
     __syncthreads();
   }
-  // This lane's units of x: pre-quantised (long rows) or from shared memory.
-  const int8_t* aq = a.xq ? a.xq : sq;
-  const float* ad = a.xq ? a.xd : sd;
-  int4 av[UPL][NA];
-  float xd[UPL][NA], xs[UPL][NA];
-#pragma unroll
-  for (int i = 0; i < UPL; ++i) {
-    const int u = u0 + 32 * i;
-#pragma unroll
-    for (int k = 0; k < NA; ++k) {
-      av[i][k] = make_int4(0, 0, 0, 0);
-      xd[i][k] = xs[i][k] = 0.0f;
-      if (u < n_units) {
-        const int e = (u / T::kUnits) * T::kElems + T::act_offset(j, k);
-        av[i][k] = *reinterpret_cast<const int4*>(aq + e);
-        xd[i][k] = ad[e / qb::kActBlock];
-        const int4 v = av[i][k];
-        xs[i][k] = xd[i][k] * float(qb::sum4(v.w, qb::sum4(v.z, qb::sum4(v.y, qb::sum4(v.x, 0)))));
-      }
-    }
-  }
+  LaneActs<T, UPL> act;
+  act.load(a.xq ? a.xq : sq, a.xq ? a.xd : sd, u0, j, n_units);
 
   // Row t of this warp is r0 + t * stride, its weights in buffer t % NB; the loop is unrolled NB
   // times so every buffer index is a constant (registers, not local memory).
@@ -247,7 +294,8 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
         for (int m = 0; m < NM; ++m) {
 #pragma unroll
           for (int i = 0; i < UPL; ++i) {
-            if (u0 + 32 * i < n_units) acc[m] += T::dot_regs(w[q][m][i], j, av[i], xd[i], xs[i]);
+            if (u0 + 32 * i < n_units)
+              acc[m] += T::dot_regs(w[q][m][i], j, act.av[i], act.xd[i], act.xs[i]);
           }
         }
       }
@@ -265,23 +313,134 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
 rows_done:
   if (S > 1) {
     __syncthreads();
-    for (int l = threadIdx.x; l < part_stride; l += blockDim.x) {
-      const int64_t row = (int64_t{blockIdx.x} + int64_t{l / R} * gridDim.x) * R + l % R;
-      if (row >= a.total_rows) continue;
-      float v[NM];
+    resident_store_partials<MODE>(a, part, part_stride, threadIdx.x, blockDim.x);
+  }
+}
+
+// ---- Streamed GEMV: the resident kernel's lanes, weights landed in shared memory ------------
+// The resident kernel keeps its next rows' weights in registers, which bounds the bytes a warp
+// has in flight (bench/results/h200-decode-gemv.md: the 4-bit GEMV streams at 40-58% of the
+// bandwidth, bound by bytes in flight, not by instructions). Here one producer warp copies whole
+// row groups (R rows of each matrix, contiguous in shared memory: matrix m's row i at (m R + i)
+// row_bytes) into a ring of `stages` stages with bulk copies (bulk_copy.cuh), tens of kilobytes
+// ahead of the S x R consumer warps, which read their units from shared memory. Everything else
+// is the resident kernel's: the lanes' activations in registers, the row groups a block visits
+// (group blockIdx.x + t gridDim.x), the slice partials summed in a fixed order, PDL (the
+// producer starts copying before the previous kernel has finished, except for routed experts,
+// whose ids it must read).
+constexpr int kStreamMaxWarps = 16;   // consumer warps of a block (S x R), at most
+constexpr int kStreamBarBytes = 256;  // the ring's barriers: 2 x 16 stages x 8 bytes
+constexpr int kStreamMaxStages = 16;
+constexpr int kStreamMinIn = 5120;  // shorter rows take the resident kernel
+
+template <int MODE>
+constexpr int stream_max_threads() {
+  return 32 * ((MODE == kResSwiglu ? kResMaxSlices : kStreamMaxWarps) + 1);
+}
+
+template <class T, int UPL, int MODE>
+__global__ void __launch_bounds__(stream_max_threads<MODE>())
+    stream_gemv_kernel(const __grid_constant__ ResidentArgs a) {
+  constexpr int NM = resident_mats<MODE>();
+  extern __shared__ __align__(128) uint8_t st_smem[];
+  const int S = a.slices, R = a.row_lanes, NS = a.stages, consumers = S * R;
+  const int64_t rb = a.row_bytes[0], stage_bytes = a.stage_bytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(st_smem);
+  uint64_t* empty = full + kStreamMaxStages;
+  uint8_t* ring = st_smem + kStreamBarBytes;
+  int8_t* sq = reinterpret_cast<int8_t*>(ring + NS * stage_bytes);  // [in] (unless pre-quantised)
+  float* sd = reinterpret_cast<float*>(sq + a.in);                  // [in / 32]
+  float* part = a.xq ? reinterpret_cast<float*>(sq) : sd + a.in / qb::kActBlock;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t n_groups = (a.total_rows + R - 1) / R;
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < NS; ++q) {
+      mbar_init(&full[q], 1);
+      mbar_init(&empty[q], consumers);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  pdl_launch_dependents();
+
+  if (warp == consumers) {  // the producer
+    if (lane != 0) return;
+    if constexpr (MODE == kResExperts) pdl_wait();  // expert ids come from the previous kernel
+    int t = 0;
+    for (int64_t g = blockIdx.x; g < n_groups; g += gridDim.x, ++t) {
+      const int slot = t % NS;
+      if (t >= NS) mbar_wait(&empty[slot], ((t / NS) - 1) & 1);
+      // The group's rows that exist (and, for experts, have a valid id), twice: the barrier
+      // learns the bytes before the copies start.
+      const uint8_t* src[NM];
+      uint32_t bytes = 0;
+      for (int i = 0; i < R; ++i) {
+        const int64_t r = g * R + i;
+        if (r < a.total_rows && resident_rows<MODE>(a, r, src)) bytes += uint32_t(NM * rb);
+      }
+      mbar_arrive_expect_tx(&full[slot], bytes);
+      uint8_t* dst = ring + slot * stage_bytes;
+      for (int i = 0; i < R; ++i) {
+        const int64_t r = g * R + i;
+        if (!(r < a.total_rows && resident_rows<MODE>(a, r, src))) continue;
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+          bulk_copy_g2s(dst + (m * R + i) * rb, src[m], uint32_t(rb), &full[slot]);
+      }
+    }
+    return;
+  }
+
+  const int s = warp % S, rw = warp / S;
+  const int n_units = a.in / unit_elems<T>();
+  const int u0 = 32 * UPL * s + lane;
+  const int j = lane % T::kUnits;
+  pdl_wait();
+  if (a.xq == nullptr) {
+    quantise_x_shared(a.x, a.in, sq, sd, threadIdx.x, 32 * consumers);
+    asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
+  }
+  LaneActs<T, UPL> act;
+  act.load(a.xq ? a.xq : sq, a.xq ? a.xd : sd, u0, j, n_units);
+
+  const int part_stride = R * a.max_groups;
+  int t = 0;
+  for (int64_t g = blockIdx.x; g < n_groups; g += gridDim.x, ++t) {
+    const int slot = t % NS;
+    const int64_t r = g * R + rw;
+    const uint8_t* unused[NM];
+    const bool ok = r < a.total_rows && resident_rows<MODE>(a, r, unused);
+    float acc[NM] = {};
+    mbar_wait(&full[slot], (t / NS) & 1);
+    if (ok) {
+      const uint8_t* rows = ring + slot * stage_bytes + rw * rb;
 #pragma unroll
       for (int m = 0; m < NM; ++m) {
-        float sum = 0.0f;
-        for (int q = 0; q < S; ++q) sum += part[(m * S + q) * part_stride + l];
-        v[m] = sum;
+#pragma unroll
+        for (int i = 0; i < UPL; ++i) {
+          const int u = u0 + 32 * i;
+          if (u < n_units) {
+            const typename T::Unit w = T::load(rows + m * R * rb + (u / T::kUnits) * T::kBytes, j);
+            acc[m] += T::dot_regs(w, j, act.av[i], act.xd[i], act.xs[i]);
+          }
+        }
       }
-      bool row_ok = true;
-      if constexpr (MODE == kResExperts) {
-        const int32_t e = a.ids[row / a.ff];
-        row_ok = e >= 0 && e < a.n_expert;
-      }
-      resident_store<MODE>(a, row, v, row_ok);
     }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[slot]);
+    warp_sum<NM>(acc);
+    if (lane == 0 && r < a.total_rows) {
+      if (S == 1) {
+        resident_store<MODE>(a, r, acc, ok);
+      } else {
+#pragma unroll
+        for (int m = 0; m < NM; ++m) part[(m * S + s) * part_stride + t * R + rw] = acc[m];
+      }
+    }
+  }
+  if (S > 1) {
+    asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
+    resident_store_partials<MODE>(a, part, part_stride, threadIdx.x, 32 * consumers);
   }
 }
 
@@ -351,6 +510,97 @@ void launch_resident(ResidentArgs a, cudaStream_t stream) {
   cfg.attrs = attr;
   cfg.numAttrs = pdl_on() ? 1 : 0;
   QWENRT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+}
+
+// The streamed kernel (QWENRT_CUDA_STREAM=0: never). QWENRT_CUDA_STREAM_WARPS sets the consumer
+// warps a block aims for (R = max(1, warps / S); default 8, at most 16), QWENRT_CUDA_STREAM_KB
+// the ring's size (default 48: a 96 KB ring measured slower, fewer blocks an SM; at most 16
+// stages).
+int stream_env(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  return std::clamp(std::atoi(v), lo, hi);
+}
+bool stream_on() {
+  const char* v = std::getenv("QWENRT_CUDA_STREAM");  // read per call: tests switch it
+  if (v && v[0] == '0') return false;
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;  // bulk copies and mbarrier transaction counts
+  }();
+  return sm90;
+}
+
+// Launches the streamed kernel for a (slices set, row_lanes chosen here); false, having launched
+// nothing, where its layout does not fit: rows or expert strides not a multiple of 16 bytes,
+// unaligned weights, fewer than two stages in the ring, or more shared memory than a block has.
+template <class T, int UPL, int MODE>
+bool launch_stream(ResidentArgs a, cudaStream_t stream) {
+  constexpr int NM = resident_mats<MODE>();
+  // Measured (bench/results/h200-decode-stream.md): faster on rows of 5120 and more (the 27B's
+  // projections and FFN), slower on the 35B-A3B's 2048-wide rows and routed experts.
+  if (MODE == kResExperts || a.in < kStreamMinIn || !stream_on()) return false;
+  static const int warps = stream_env("QWENRT_CUDA_STREAM_WARPS", 8, 1, kStreamMaxWarps);
+  static const int ring_kb = stream_env("QWENRT_CUDA_STREAM_KB", 48, 8, 200);
+  const int64_t rb = a.row_bytes[0];
+  if (rb % 16 != 0) return false;
+  for (int m = 0; m < (MODE == kResJobs ? a.n_jobs : NM); ++m) {
+    if (a.row_bytes[m] != rb || !aligned(a.data[m], 16)) return false;
+  }
+  if (MODE == kResExperts && (a.expert_bytes[0] % 16 != 0 || a.expert_bytes[1] % 16 != 0))
+    return false;
+  const int S = a.slices;
+  const int R =
+      std::max(1, std::min(warps / S, MODE == kResSwiglu ? kResMaxSlices : kStreamMaxWarps / S));
+  if (S * R > (MODE == kResSwiglu ? kResMaxSlices : kStreamMaxWarps)) return false;
+  a.row_lanes = R;
+  a.stage_bytes = (NM * R * rb + 127) / 128 * 128;
+  a.stages = static_cast<int>(
+      std::min<int64_t>(kStreamMaxStages, int64_t{ring_kb} * 1024 / a.stage_bytes));
+  if (a.stages < 2) return false;
+  auto* kernel = stream_gemv_kernel<T, UPL, MODE>;
+  const int threads = 32 * (S * R + 1);
+  const int64_t groups = (a.total_rows + R - 1) / R;
+  const size_t base = kStreamBarBytes + size_t(a.stages) * size_t(a.stage_bytes) +
+                      (a.xq ? 0 : size_t(a.in) + size_t(a.in / qb::kActBlock) * 4);
+  const auto part_bytes = [&](int64_t max_groups) {
+    return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
+  };
+  constexpr size_t kMaxSmem = 227 * 1024;
+  if (base + part_bytes(8) > kMaxSmem) return false;
+  QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kMaxSmem)));
+  int per_sm = 0;
+  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
+                                                                  base + part_bytes(8)));
+  const int64_t grid =
+      std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{std::max(per_sm, 1)} * sm_count()));
+  a.max_groups = static_cast<int>((groups + grid - 1) / grid);
+  const size_t smem = base + part_bytes(a.max_groups);
+  if (smem > kMaxSmem) return false;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_on() ? 1 : 0;
+  QWENRT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+  return true;
+}
+
+// The streamed kernel where it fits, else the resident one.
+template <class T, int UPL, int MODE>
+void launch_gemv(const ResidentArgs& a, cudaStream_t stream) {
+  if (!launch_stream<T, UPL, MODE>(a, stream)) launch_resident<T, UPL, MODE>(a, stream);
 }
 
 // Rows longer than this take their activations quantised by quantize_q8_kernel (one launch)
@@ -431,26 +681,26 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
   }
   auto by_upl = [&]<class T>() {
     if constexpr (MODE == kResSwiglu) {
-      launch_resident<T, 1, MODE>(a, stream);
+      launch_gemv<T, 1, MODE>(a, stream);
     } else if constexpr (unit_elems<T>() == 64) {
       if (shape.upl == 1) {
-        launch_resident<T, 1, MODE>(a, stream);
+        launch_gemv<T, 1, MODE>(a, stream);
       } else {
-        launch_resident<T, 2, MODE>(a, stream);
+        launch_gemv<T, 2, MODE>(a, stream);
       }
     } else {
       switch (shape.upl) {
         case 1:
-          launch_resident<T, 1, MODE>(a, stream);
+          launch_gemv<T, 1, MODE>(a, stream);
           break;
         case 2:
-          launch_resident<T, 2, MODE>(a, stream);
+          launch_gemv<T, 2, MODE>(a, stream);
           break;
         case 3:
-          launch_resident<T, 3, MODE>(a, stream);
+          launch_gemv<T, 3, MODE>(a, stream);
           break;
         default:
-          launch_resident<T, 4, MODE>(a, stream);
+          launch_gemv<T, 4, MODE>(a, stream);
           break;
       }
     }
