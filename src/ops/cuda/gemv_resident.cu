@@ -514,7 +514,7 @@ void launch_resident(ResidentArgs a, cudaStream_t stream) {
 
 // The streamed kernel (QWENRT_CUDA_STREAM=0: never). QWENRT_CUDA_STREAM_WARPS sets the consumer
 // warps a block aims for (R = max(1, warps / S); default 8, at most 16), QWENRT_CUDA_STREAM_KB
-// the ring's size (default 48: a 96 KB ring measured slower, fewer blocks an SM; at most 16
+// the ring's size (default 32: 48, 64 and 96 KB measured slower, fewer blocks an SM; at most 16
 // stages).
 int stream_env(const char* name, int fallback, int lo, int hi) {
   const char* v = std::getenv(name);
@@ -546,7 +546,7 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   // projections and FFN), slower on the 35B-A3B's 2048-wide rows and routed experts.
   if (MODE == kResExperts || a.in < kStreamMinIn || !stream_on()) return false;
   static const int warps = stream_env("QWENRT_CUDA_STREAM_WARPS", 8, 1, kStreamMaxWarps);
-  static const int ring_kb = stream_env("QWENRT_CUDA_STREAM_KB", 48, 8, 200);
+  static const int ring_kb = stream_env("QWENRT_CUDA_STREAM_KB", 32, 8, 200);
   const int64_t rb = a.row_bytes[0];
   if (rb % 16 != 0) return false;
   for (int m = 0; m < (MODE == kResJobs ? a.n_jobs : NM); ++m) {
