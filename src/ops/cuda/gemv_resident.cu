@@ -452,11 +452,10 @@ bool resident_off() {
   return off;
 }
 
-// Programmatic dependent launch: sm_90 and later, unless QWENRT_CUDA_PDL=0.
-bool pdl_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("QWENRT_CUDA_PDL");
-    if (v && v[0] == '0') return false;
+// Whether the device is sm_90 or later (programmatic dependent launch, bulk copies, mbarrier
+// transaction counts).
+bool sm90_or_later() {
+  static const bool yes = [] {
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
@@ -464,6 +463,15 @@ bool pdl_on() {
       return false;
     }
     return major >= 9;
+  }();
+  return yes;
+}
+
+// Programmatic dependent launch: sm_90 and later, unless QWENRT_CUDA_PDL=0.
+bool pdl_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("QWENRT_CUDA_PDL");
+    return !(v && v[0] == '0') && sm90_or_later();
   }();
   return on;
 }
@@ -478,27 +486,11 @@ int sm_count() {
   return n;
 }
 
-template <class T, int UPL, int MODE>
-void launch_resident(ResidentArgs a, cudaStream_t stream) {
-  constexpr int NM = resident_mats<MODE>();
-  auto* kernel = resident_gemv_kernel<T, UPL, MODE>;
-  const int S = a.slices, R = a.row_lanes, threads = 32 * S * R;
-  const int64_t groups = (a.total_rows + R - 1) / R;
-  const size_t base = a.xq ? 0 : size_t(a.in) + size_t(a.in / qb::kActBlock) * 4;
-  const auto part_bytes = [&](int64_t max_groups) {
-    return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
-  };
-  int per_sm = 0;
-  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
-                                                                  base + part_bytes(8)));
-  const int64_t grid =
-      std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{std::max(per_sm, 1)} * sm_count()));
-  a.max_groups = static_cast<int>((groups + grid - 1) / grid);
-  const size_t smem = base + part_bytes(a.max_groups);
-  if (smem > 48 * 1024) {
-    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-  }
+// kernel<<<grid, threads, smem, stream>>>(a), with programmatic stream serialization where
+// pdl_on().
+template <class Kernel, class Args>
+void launch_pdl(Kernel* kernel, int64_t grid, int threads, size_t smem, cudaStream_t stream,
+                const Args& a) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
@@ -512,6 +504,34 @@ void launch_resident(ResidentArgs a, cudaStream_t stream) {
   QWENRT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
 }
 
+// Persistent blocks: as many as fit on the GPU at once with `smem` bytes each (at most `groups`).
+template <class Kernel>
+int64_t persistent_grid(Kernel* kernel, int threads, size_t smem, int64_t groups) {
+  int per_sm = 0;
+  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  return std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{std::max(per_sm, 1)} * sm_count()));
+}
+
+template <class T, int UPL, int MODE>
+void launch_resident(ResidentArgs a, cudaStream_t stream) {
+  constexpr int NM = resident_mats<MODE>();
+  auto* kernel = resident_gemv_kernel<T, UPL, MODE>;
+  const int S = a.slices, R = a.row_lanes, threads = 32 * S * R;
+  const int64_t groups = (a.total_rows + R - 1) / R;
+  const size_t base = a.xq ? 0 : size_t(a.in) + size_t(a.in / qb::kActBlock) * 4;
+  const auto part_bytes = [&](int64_t max_groups) {
+    return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
+  };
+  const int64_t grid = persistent_grid(kernel, threads, base + part_bytes(8), groups);
+  a.max_groups = static_cast<int>((groups + grid - 1) / grid);
+  const size_t smem = base + part_bytes(a.max_groups);
+  if (smem > 48 * 1024) {
+    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+  }
+  launch_pdl(kernel, grid, threads, smem, stream, a);
+}
+
 // The streamed kernel (QWENRT_CUDA_STREAM=0: never). QWENRT_CUDA_STREAM_WARPS sets the consumer
 // warps a block aims for (R = max(1, warps / S); default 8, at most 16), QWENRT_CUDA_STREAM_KB
 // the ring's size (default 32: 48, 64 and 96 KB measured slower, fewer blocks an SM; at most 16
@@ -523,17 +543,7 @@ int stream_env(const char* name, int fallback, int lo, int hi) {
 }
 bool stream_on() {
   const char* v = std::getenv("QWENRT_CUDA_STREAM");  // read per call: tests switch it
-  if (v && v[0] == '0') return false;
-  static const bool sm90 = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;  // bulk copies and mbarrier transaction counts
-  }();
-  return sm90;
+  return !(v && v[0] == '0') && sm90_or_later();
 }
 
 // Launches the streamed kernel for a (slices set, row_lanes chosen here); false, having launched
@@ -575,25 +585,11 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   if (base + part_bytes(8) > kMaxSmem) return false;
   QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kMaxSmem)));
-  int per_sm = 0;
-  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
-                                                                  base + part_bytes(8)));
-  const int64_t grid =
-      std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{std::max(per_sm, 1)} * sm_count()));
+  const int64_t grid = persistent_grid(kernel, threads, base + part_bytes(8), groups);
   a.max_groups = static_cast<int>((groups + grid - 1) / grid);
   const size_t smem = base + part_bytes(a.max_groups);
   if (smem > kMaxSmem) return false;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_on() ? 1 : 0;
-  QWENRT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+  launch_pdl(kernel, grid, threads, smem, stream, a);
   return true;
 }
 
