@@ -17,14 +17,14 @@
 #include "gen/scheduler.h"
 #include "gen/turn.h"
 #include "ops/cpu/isa.h"
+#include "support/prefix_chat.h"
 #include "tokenizer/tokenizer.h"
 
 namespace qwenrt::gen {
 namespace {
 
 const std::string kDense = std::string(QWENRT_SOURCE_DIR) + "/models/qwen35-chat-tiny.Q8_0.gguf";
-const std::string kMoe =
-    std::string(QWENRT_SOURCE_DIR) + "/models/qwen35moe-chat-tiny.Q4_K_M.gguf";
+const std::string kMoe = std::string(QWENRT_SOURCE_DIR) + "/models/qwen35moe-chat-tiny.Q4_K_M.gguf";
 
 // Bit-equal results whatever the chunking of a prompt: the delta rule in its recurrent form, and
 // the cpu matmul below AVX-512 (a GEMV for every row count: see test_scheduler.cpp).
@@ -197,33 +197,6 @@ TEST_F(PrefixCacheTest, OverTheStateBudgetEntriesSpillToHostThenGo) {
 
 // ---- the scheduler ----------------------------------------------------------------------------
 
-struct TurnResult {
-  std::vector<int32_t> tokens;
-  chat::ParsedReply reply;
-  int64_t n_prompt = 0, n_cached = 0;
-};
-
-TurnResult run_one(Scheduler& s, SequenceParams p) {
-  TurnResult r;
-  s.submit(std::move(p), [&](SequenceUpdate&& u) {
-    r.tokens.insert(r.tokens.end(), u.tokens.begin(), u.tokens.end());
-    if (u.done) {
-      r.reply = u.reply;
-      r.n_prompt = u.n_prompt;
-      r.n_cached = u.n_cached;
-    }
-  });
-  while (s.step()) {
-  }
-  return r;
-}
-
-chat::Json tools() {
-  return chat::Json::parse(R"([{"type": "function", "function": {"name": "read_file",
-      "description": "Read a file", "parameters": {"type": "object",
-      "properties": {"path": {"type": "string"}}, "required": ["path"]}}}])");
-}
-
 struct ChatCase {
   const char* name;
   const char* model;
@@ -232,83 +205,30 @@ struct ChatCase {
 
 class PrefixCacheChat : public ::testing::TestWithParam<ChatCase> {};
 
-// A recorded agent-style conversation: user asks, the model answers (its reply goes into the
-// history as parsed, reasoning included), every other turn a scripted tool call and its result.
-// Run twice, cache off and on: the same greedy tokens every turn; with the cache, each turn after
-// the first prefills at most its new tokens plus one page.
+// The recorded agent-style conversation of support/prefix_chat.h, played with the cache off and on:
+// the same greedy tokens every turn; with the cache, each turn after the first prefills at most its
+// new tokens plus one page.
 TEST_P(PrefixCacheChat, SameTokensWithTheCacheOnAndOffAndOnlyNewTokensPrefilled) {
   const ChatCase& c = GetParam();
   ChunkingInvariant invariant;
   const std::string path = std::string(QWENRT_SOURCE_DIR) + "/" + c.model;
-  std::vector<std::vector<TurnResult>> runs;
-  for (bool cached : {false, true}) {
-    auto engine = load(path, 1, 2048, cached ? int64_t{8} << 20 : 0);
-    const auto tok = tokenizer::Tokenizer::from_gguf(engine->file());
-    const auto dialect = chat::dialect_for(engine->identity().checkpoint);
-    SchedulerOptions so;
-    so.prefix_cache = cached;
-    so.cache.snapshot_every_pages = 2;
-    Scheduler s(*engine, tok, so);
-    chat::Json messages = chat::Json::array(
-        {{{"role", "system"}, {"content", "You are a careful assistant with file access."}}});
-    std::vector<TurnResult> turns;
-    for (int t = 0; t < 6; ++t) {
-      messages.push_back({{"role", "user"}, {"content", "Question " + std::to_string(t) +
-                                                            ": what is in notes.txt?"}});
-      ChatTurn turn{.messages = messages, .tools = tools()};
-      turn.render.enable_thinking = c.thinking;
-      const PreparedTurn pt = prepare_turn(tok, dialect, turn);
-      SequenceParams p;
-      p.prompt = pt.prompt;
-      p.max_tokens = 12;
-      p.sampling.temperature = 0;
-      p.starts_in_thinking = pt.thinking;
-      p.parse = pt.parse;
-      turns.push_back(run_one(s, p));
-      const chat::ParsedReply& reply = turns.back().reply;
-      chat::Json assistant = {{"role", "assistant"}, {"content", reply.content}};
-      if (!reply.reasoning.empty()) assistant["reasoning_content"] = reply.reasoning;
-      messages.push_back(assistant);
-      if (t % 2 == 1) {  // a scripted tool round
-        messages.push_back(
-            {{"role", "assistant"},
-             {"content", ""},
-             {"tool_calls",
-              chat::Json::array({{{"type", "function"},
-                                  {"id", "call_" + std::to_string(t)},
-                                  {"function",
-                                   {{"name", "read_file"},
-                                    {"arguments", R"({"path": "notes.txt"})"}}}}})}});
-        messages.push_back({{"role", "tool"},
-                            {"tool_call_id", "call_" + std::to_string(t)},
-                            {"content", "line one\nline two of the notes " + std::to_string(t)}});
-      }
-    }
-    const auto st = s.stats();
-    if (cached) {
-      EXPECT_GT(st.cache.hits, 0u);
-      EXPECT_GT(st.cache.inserts, 0u);
-    } else {
-      EXPECT_EQ(st.cache.lookups, 0u);
-    }
-    runs.push_back(std::move(turns));
-  }
-  const auto& off = runs[0];
-  const auto& on = runs[1];
-  for (size_t t = 0; t < off.size(); ++t) {
-    SCOPED_TRACE("turn " + std::to_string(t));
-    EXPECT_EQ(on[t].tokens, off[t].tokens) << "greedy tokens differ with the cache on";
-    EXPECT_EQ(on[t].n_prompt, off[t].n_prompt);
-    EXPECT_EQ(off[t].n_cached, 0);
-    if (t == 0) continue;
-    const int64_t new_tokens = on[t].n_prompt - on[t - 1].n_prompt;
-    const int64_t prefilled = on[t].n_prompt - on[t].n_cached;
-    EXPECT_GT(on[t].n_cached, 0);
-    EXPECT_LE(prefilled, new_tokens + 64)
-        << "prompt " << on[t].n_prompt << ", cached " << on[t].n_cached;
-    std::printf("[ note ] %s turn %zu: prompt %ld, new %ld, cached %ld, prefilled %ld\n", c.name,
-                t, long(on[t].n_prompt), long(new_tokens), long(on[t].n_cached), long(prefilled));
-  }
+  auto engine_off = load(path, 1, 2048);
+  auto engine_on = load(path, 1, 2048, int64_t{8} << 20);
+  const auto tok = tokenizer::Tokenizer::from_gguf(engine_on->file());
+  SchedulerOptions so;
+  so.prefix_cache = false;
+  Scheduler off(*engine_off, tok, so);
+  so.prefix_cache = true;
+  so.cache.snapshot_every_pages = 2;
+  Scheduler on(*engine_on, tok, so);
+  const auto runs = testing_support::run_agent_chat(
+      off, on, tok, chat::dialect_for(engine_on->identity().checkpoint), c.thinking);
+  EXPECT_GT(on.stats().cache.hits, 0u);
+  EXPECT_GT(on.stats().cache.inserts, 0u);
+  EXPECT_EQ(off.stats().cache.lookups, 0u);
+  for (size_t t = 0; t < runs.off.size(); ++t)
+    EXPECT_EQ(runs.on[t].tokens, runs.off[t].tokens) << "turn " << t << ": greedy tokens differ";
+  testing_support::expect_only_new_tokens_prefilled(runs, c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -316,8 +236,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ChatCase{"dense_thinking", "models/qwen35-chat-tiny.Q8_0.gguf", true},
                       ChatCase{"dense_no_thinking", "models/qwen35-chat-tiny.Q8_0.gguf", false},
                       ChatCase{"moe_thinking", "models/qwen35moe-chat-tiny.Q4_K_M.gguf", true},
-                      ChatCase{"moe_no_thinking", "models/qwen35moe-chat-tiny.Q4_K_M.gguf",
-                               false}),
+                      ChatCase{"moe_no_thinking", "models/qwen35moe-chat-tiny.Q4_K_M.gguf", false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Evictions (no KV room beyond the slots' own), spills (state budget of one snapshot) and several
@@ -337,8 +256,9 @@ TEST(PrefixCacheScheduler, UnderTightBudgetsTheTokensStayTheSame) {
     std::vector<std::vector<int32_t>> out(8);
     std::string shared = "<|im_start|>system\n";
     for (int k = 0; k < 4; ++k)
-      shared += "You answer questions about the sea, the sky and the hills in short plain "
-                "sentences, one idea at a time. ";
+      shared +=
+          "You answer questions about the sea, the sky and the hills in short plain "
+          "sentences, one idea at a time. ";
     shared += "<|im_end|>\n";  // longer than a page: its first page's snapshot is shared
     for (int i = 0; i < 8; ++i) {
       SequenceParams p;
