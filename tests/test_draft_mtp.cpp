@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "gen/defaults.h"
 #include "gen/draft.h"
 #include "gen/scheduler.h"
 #include "gen/turn.h"
@@ -357,7 +358,15 @@ TEST(DraftMtp, CliDraftMtpGivesThePlainOutput) {
   ASSERT_EQ(plain.code, 0) << plain.err;
   ASSERT_EQ(drafted.code, 0) << drafted.err;
   EXPECT_EQ(drafted.out, plain.out);
-  EXPECT_NE(drafted.err.find("drafted"), std::string::npos) << drafted.err;
+  EXPECT_NE(drafted.err.find("checks of up to 3 |"), std::string::npos) << drafted.err;
+  // Without --draft-max, MTP drafts the checkpoint's depth (gen/defaults.h: this file identifies
+  // as no registered checkpoint, and has an MTP block).
+  const auto by_default = testing_support::run_qwenrt(args + "--draft mtp");
+  ASSERT_EQ(by_default.code, 0) << by_default.err;
+  EXPECT_EQ(by_default.out, plain.out);
+  EXPECT_NE(by_default.err.find("checks of up to " + std::to_string(kMtpDraftDepth) + " |"),
+            std::string::npos)
+      << by_default.err;
   const auto none = testing_support::run_qwenrt("run -m " + kNoMtp + " -p hi -n 4 --draft mtp");
   EXPECT_EQ(none.code, 1);
   EXPECT_NE(none.err.find("MTP block"), std::string::npos) << none.err;

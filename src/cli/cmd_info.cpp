@@ -68,12 +68,15 @@ void print_defaults(const gen::CheckpointDefaults& d, const hub::Resolved& sourc
   if (d.drafter.kind == gen::DrafterKind::kNone)
     fmt::print("  drafter      none\n");
   else if (d.drafter.in_file)
-    fmt::print("  drafter      {} ({} block{} in the file)\n",
+    fmt::print("  drafter      {} ({} block{} in the file), {} drafts a check\n",
                gen::drafter_kind_name(d.drafter.kind), d.drafter.blocks,
-               d.drafter.blocks == 1 ? "" : "s");
+               d.drafter.blocks == 1 ? "" : "s", d.drafter.depth);
   else
-    fmt::print("  drafter      {} (sidecar {}*.gguf from the same repo, when drafting asks)\n",
-               gen::drafter_kind_name(d.drafter.kind), gen::drafter_kind_name(d.drafter.kind));
+    fmt::print(
+        "  drafter      {} (sidecar {}*.gguf from the same repo, when drafting asks), {} drafts a "
+        "check\n",
+        gen::drafter_kind_name(d.drafter.kind), gen::drafter_kind_name(d.drafter.kind),
+        d.drafter.depth);
 }
 
 int run_info(const InfoOptions& opt) {

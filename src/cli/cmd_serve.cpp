@@ -72,7 +72,7 @@ int run_serve(const ServeCliOptions& opt) {
   so.cache.snapshot_every_pages = opt.cache_snapshot_pages;
   {
     gen::SchedulerOptions sched;
-    apply(opt.draft, so.engine, sched);
+    apply(opt.draft, so.model_path, so.engine, sched);
     so.draft = sched.draft;
   }
 

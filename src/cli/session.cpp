@@ -71,8 +71,10 @@ Session::Session(const TurnOptions& options, bool multi_turn) : options_(options
   apply(options.backend, eo);
   eo.on_load_progress = load_progress_bar();
   gen::SchedulerOptions so{.prefix_cache = multi_turn};
-  apply(options.draft, eo, so);
-  engine_ = engine::Engine::load(resolve_model(options.model), eo);
+  const std::string path = resolve_model(options.model);
+  apply(options.draft, path, eo, so);
+  engine_ = engine::Engine::load(path, eo);
+  if (so.draft.kind != gen::DraftKind::kNone) draft_depth_ = so.draft.max_tokens;
   tokenizer_ =
       std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_gguf(engine_->file()));
   dialect_ = chat::dialect_for(engine_->identity().checkpoint);
@@ -139,9 +141,11 @@ chat::ParsedReply Session::reply(const chat::Json& messages, bool thinking,
   // Prompt speed over the tokens prefilled (those restored from the prefix cache cost none).
   const int64_t prefilled = last.n_prompt - last.n_cached;
   const std::string drafted =
-      last.n_checks > 0 ? fmt::format(" | drafted {}, accepted {} ({:.0f}%)", last.n_drafted,
-                                      last.n_accepted, 100.0 * last.n_accepted / last.n_drafted)
-                        : "";
+      last.n_checks > 0
+          ? fmt::format(" | drafted {}, accepted {} ({:.0f}%), {} checks of up to {}",
+                        last.n_drafted, last.n_accepted, 100.0 * last.n_accepted / last.n_drafted,
+                        last.n_checks, draft_depth_)
+          : "";
   fmt::print(stderr,
              "[prompt {} tokens{}, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s{} | {}]\n",
              last.n_prompt, last.n_cached > 0 ? fmt::format(" ({} cached)", last.n_cached) : "",

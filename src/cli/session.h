@@ -69,6 +69,7 @@ class Session {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   chat::Dialect dialect_;
   std::unique_ptr<gen::Scheduler> scheduler_;  // one sequence at a time
+  int draft_depth_ = 0;                        // drafts a check at most (0: not drafting)
 };
 
 }  // namespace qwenrt::cli

@@ -48,6 +48,7 @@ CheckpointDefaults checkpoint_defaults(const model::Identity& identity,
   d.drafter.in_file = mtp_blocks > 0;
   if (mtp_blocks > 0 || identity.checkpoint != model::Checkpoint::kOther)
     d.drafter.kind = DrafterKind::kMtp;
+  if (d.drafter.kind == DrafterKind::kMtp) d.drafter.depth = kMtpDraftDepth;
   return d;
 }
 
@@ -65,7 +66,7 @@ nlohmann::json to_json(const CheckpointDefaults& d) {
        {{"kind", drafter_kind_name(d.drafter.kind)},
         {"in_file", d.drafter.in_file},
         {"mtp_blocks", d.drafter.blocks},
-        {"depth", nullptr}}}};
+        {"depth", d.drafter.depth}}}};
 }
 
 }  // namespace qwenrt::gen

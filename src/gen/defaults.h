@@ -27,7 +27,14 @@ struct DrafterDefaults {
   DrafterKind kind = DrafterKind::kNone;
   bool in_file = false;  // the MTP block is inside the trunk file (else an mtp-*.gguf sidecar)
   int blocks = 0;        // MTP blocks in the file (nextn_predict_layers)
+  int depth = 0;         // drafts a check when drafting with it is asked for without --draft-max
 };
+
+// Drafts a check for a drafter kind when none is asked for: the checkpoint's MTP depth
+// (docs/decisions.md, "Draft depth per checkpoint"), and for the n-gram drafter, which has no
+// checkpoint, kNgramDraftDepth.
+inline constexpr int kMtpDraftDepth = 2;
+inline constexpr int kNgramDraftDepth = 4;
 
 struct CheckpointDefaults {
   model::Identity identity;
@@ -40,7 +47,7 @@ struct CheckpointDefaults {
 
 // `tokenizer` may be null (a file without one: no stop tokens). `mtp_blocks` is the file's
 // nextn_predict_layers. The official checkpoints draft with their MTP head (in the file, or an
-// mtp-*.gguf sidecar of the same repo); SPEC.md gives no draft depth, so none is set here.
+// mtp-*.gguf sidecar of the same repo), kMtpDraftDepth drafts a check.
 CheckpointDefaults checkpoint_defaults(const model::Identity& identity,
                                        const tokenizer::Tokenizer* tokenizer, int mtp_blocks);
 

@@ -390,7 +390,8 @@ def completion_checks(server, qwenrt, client):
     shown = models["data"][0].get("qwenrt", {})
     check("models: the identity and defaults in force, as `qwenrt info --json` shows them",
           shown == info and shown["chat_dialect"] == "qwen3.5" and
-          shown["sampling"]["thinking"]["top_k"] == 20, (shown, info))
+          shown["sampling"]["thinking"]["top_k"] == 20 and shown["drafter"]["depth"] == 2,
+          (shown, info))
     status, headers, _ = server.request("OPTIONS", "/v1/chat/completions", None, {
         "Origin": "http://example.com", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization, content-type"})
