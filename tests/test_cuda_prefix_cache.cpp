@@ -7,9 +7,11 @@
 // first divergence is a near-tie of the cpu backend's logits. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chat/render.h"
@@ -66,12 +68,19 @@ size_t expect_same_or_near_tie(const std::string& model, const std::vector<int32
   }
   std::vector<int32_t> ids = prompt;
   ids.insert(ids.end(), a.begin(), a.begin() + static_cast<std::ptrdiff_t>(same));
-  auto cpu = load(model, "cpu", 1, static_cast<int64_t>(ids.size()) + 64);
-  const auto l = feed(*cpu, 0, ids, 0);
-  const float gap = std::fabs(l[a[same]] - l[b[same]]);
-  std::printf("[ note ] %s: diverged at token %zu (off %d, on %d), cpu logit gap %.4f\n",
-              what.c_str(), same, a[same], b[same], gap);
-  EXPECT_LT(gap, kNearTie) << what << ": diverged at token " << same << " on a clear choice";
+  const int64_t n_ctx = static_cast<int64_t>(ids.size()) + 64;
+  auto gap_on = [&](const std::string& backend) {
+    auto e = load(model, backend, 1, n_ctx);
+    const auto l = feed(*e, 0, ids, 0);
+    return l[a[same]] - l[b[same]];
+  };
+  const float cpu = gap_on("cpu"), ref = gap_on("ref"), cuda = gap_on("cuda");
+  std::printf(
+      "[ note ] %s: diverged at token %zu (off %d, on %d); logit of off's minus on's token: "
+      "cpu %.4f, ref %.4f, cuda whole prefill %.4f\n",
+      what.c_str(), same, a[same], b[same], cpu, ref, cuda);
+  EXPECT_LT(std::fabs(cpu), kNearTie)
+      << what << ": diverged at token " << same << " on a clear choice";
   return same;
 }
 
@@ -157,6 +166,63 @@ TEST_F(CudaPrefixCacheTest, ASpilledEntryRestoresFromHostMemory) {
   const auto fresh = feed(*engine_, 0, longer, prompts[1].size());
   EXPECT_EQ(resumed, fresh) << "the state that went to the host and back changed";
   EXPECT_EQ(cache.longest(prompts[0]), 0) << "the oldest entry was evicted";
+}
+
+// What the cache changes on cuda is how a prompt is chunked. Every chunking of a long prompt gives
+// last-row logits about as close to the reference backend's (fp32, no activation quantisation) as a
+// whole prefill does: chunks of 20 then the rest (a restored prefix), of one page, of 29 rows (the
+// int8 tensor-core GEMV; a whole prefill takes the bf16 GEMM), and the last 8 tokens one by one.
+TEST(CudaPrefixCacheChunks, EveryChunkingIsAsCloseToTheReferenceAsAWholePrefill) {
+  if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string& model : {kDense, kMoe}) {
+    auto ref = load(model, "ref", 1, 1024);
+    const auto tok = tokenizer::Tokenizer::from_gguf(ref->file());
+    std::string text = "<|im_start|>system\nYou are a careful assistant.<|im_end|>\n";
+    for (int i = 0; i < 6; ++i)
+      text += "<|im_start|>user\nQuestion " + std::to_string(i) +
+              ": what is in notes.txt? It holds line one and line two.<|im_end|>\n"
+              "<|im_start|>assistant\n<think>\n\n</think>\n\nThe file has two lines.<|im_end|>\n";
+    text += "<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    const auto ids = tok.encode(text, true);
+    ASSERT_GT(ids.size(), 200u);
+    const auto truth = feed(*ref, 0, ids, 0);
+    auto gpu = load(model, "cuda", 1, 1024);
+    auto chunked = [&](const std::vector<size_t>& ends) {
+      gpu->states().reset(0);
+      std::vector<float> last;
+      size_t from = 0;
+      for (size_t end : ends) {
+        const std::vector<int32_t> part(ids.begin(),
+                                        ids.begin() + static_cast<std::ptrdiff_t>(end));
+        last = feed(*gpu, 0, part, from);
+        from = end;
+      }
+      return last;
+    };
+    const size_t n = ids.size();
+    auto every = [n](size_t k) {
+      std::vector<size_t> ends;
+      for (size_t e = k; e < n; e += k) ends.push_back(e);
+      ends.push_back(n);
+      return ends;
+    };
+    std::vector<size_t> one_by_one;
+    for (size_t e = n - 8; e <= n; ++e) one_by_one.push_back(e);
+    const double whole = testing_support::rel_l2(chunked({n}), truth);
+    std::printf("[ note ] %s, %zu tokens: whole prefill against the reference rel L2 %.3g\n",
+                model.c_str(), n, whole);
+    const std::vector<std::pair<std::string, std::vector<size_t>>> cases = {
+        {"20 + rest", {20, n}},
+        {"pages", every(64)},
+        {"29 rows", every(29)},
+        {"last 8 one by one", one_by_one}};
+    for (const auto& [name, ends] : cases) {
+      const double err = testing_support::rel_l2(chunked(ends), truth);
+      std::printf("[ note ] %s: chunks %s against the reference rel L2 %.3g\n", model.c_str(),
+                  name.c_str(), err);
+      EXPECT_LT(err, std::max(2 * whole, 1e-2)) << model << ", chunks " << name;
+    }
+  }
 }
 
 struct ChatCase {

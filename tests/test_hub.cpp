@@ -699,7 +699,7 @@ TEST_F(HubTest, CommandLinePullLsInfoAndRun) {
   EXPECT_NE(o.out.find("checkpoint:    Qwen3.6-27B\n"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("chat dialect qwen3.6"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("no thinking  temperature 0.7, top_p 0.8, top_k 20"), std::string::npos);
-  EXPECT_NE(o.out.find("drafter      mtp (1 block in the file), 2 drafts a check"),
+  EXPECT_NE(o.out.find("drafter      mtp (1 block in the file), 7 drafts a check"),
             std::string::npos)
       << o.out;
   o = run("info Qwen3.6-27B --json");
@@ -709,7 +709,7 @@ TEST_F(HubTest, CommandLinePullLsInfoAndRun) {
   EXPECT_EQ(info["qwenrt"]["sampling"]["thinking"]["top_k"], 20);
   EXPECT_EQ(info["qwenrt"]["stop_tokens"].size(), 2u);
   EXPECT_EQ(info["qwenrt"]["drafter"]["kind"], "mtp");
-  EXPECT_EQ(info["qwenrt"]["drafter"]["depth"], 2);
+  EXPECT_EQ(info["qwenrt"]["drafter"]["depth"], 7);
 
   // Offline, a cached name runs; an uncached one is one line and exit code 1.
   o = testing_support::run_qwenrt_env(env + "HF_HUB_OFFLINE=1",

@@ -35,6 +35,19 @@ const char* drafter_kind_name(DrafterKind kind) {
   return "none";
 }
 
+int mtp_draft_depth(model::Checkpoint checkpoint) {
+  switch (checkpoint) {
+    case model::Checkpoint::kQwen36_27B:
+    case model::Checkpoint::kQwen38_27B:
+      return 7;  // a check of 3..8 rows costs 2.1-2.3 plain steps
+    case model::Checkpoint::kQwen36_35B_A3B:
+      return 5;  // 2.0-2.9 plain steps, growing with the rows (the routed experts)
+    case model::Checkpoint::kOther:
+      break;
+  }
+  return kMtpDraftDepth;
+}
+
 CheckpointDefaults checkpoint_defaults(const model::Identity& identity,
                                        const tokenizer::Tokenizer* tokenizer, int mtp_blocks) {
   CheckpointDefaults d;
@@ -48,7 +61,7 @@ CheckpointDefaults checkpoint_defaults(const model::Identity& identity,
   d.drafter.in_file = mtp_blocks > 0;
   if (mtp_blocks > 0 || identity.checkpoint != model::Checkpoint::kOther)
     d.drafter.kind = DrafterKind::kMtp;
-  if (d.drafter.kind == DrafterKind::kMtp) d.drafter.depth = kMtpDraftDepth;
+  if (d.drafter.kind == DrafterKind::kMtp) d.drafter.depth = mtp_draft_depth(identity.checkpoint);
   return d;
 }
 
