@@ -349,8 +349,8 @@ void check_grouped(DType type, bool q8s, bool fused, int64_t dim, int64_t ff, in
   auto dact = poisoned(n * k * ff);
   auto dpairs = poisoned(n * k * dim);
   DeviceBuffer ws(expert_order_workspace_bytes(n * k, n_expert));
-  const ExpertOrder order =
-      order_by_expert(static_cast<const int32_t*>(dids->ptr), n * k, n_expert, ws.ptr, nullptr);
+  const ExpertOrder order = order_by_expert(static_cast<const int32_t*>(dids->ptr), n * k, n_expert,
+                                            grouped_tile_rows(), ws.ptr, nullptr);
   grouped_experts_swiglu(gate, up, order, k, dx->f(), dact->f(), nullptr);
   const std::vector<float> got_act = to_host(*dact, n * k * ff);
   EXPECT_LT(rel_l2(got_act, act), 2.5e-2) << "grouped swiglu " << what;

@@ -32,21 +32,7 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks
     if (lane == 0) d[blk] = s[blk] = 0.0f;
     return;
   }
-  const float v = x[blk * 32 + lane];
-  float amax = fabsf(v);
-  for (int off = 16; off > 0; off >>= 1)
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const bool bad = __any_sync(0xffffffffu, isnan(v));
-  const float scale = bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  const int qi = __float2int_rn(v * inv);
-  q[blk * 32 + lane] = static_cast<int8_t>(qi);
-  int sum = qi;
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (lane == 0) {
-    d[blk] = scale;
-    s[blk] = scale * float(sum);
-  }
+  quantize_block32(x[blk * 32 + lane], lane, q + blk * 32, d + blk, s + blk);
 }
 
 // The quantised activations' place in the workspace: q [rows, in], then d and s [rows, in / 32],

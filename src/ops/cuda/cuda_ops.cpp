@@ -338,10 +338,15 @@ class CudaOps final : public Ops {
                            cuda::matmul_workspace_bytes(sd, n)});
     }
     // Many rows: the routed experts as grouped GEMMs over the pairs ordered by expert.
-    const bool grouped = n >= grouped_min_rows_ && cuda::grouped_experts_fit(gate) &&
+    // On int8 tensor cores where the types allow (QWENRT_CUDA_MOE_MMQ=0: the bf16 kernels).
+    const bool mmq = n >= grouped_min_rows_ && cuda::mmq_experts_enabled() &&
+                     cuda::mmq_experts_fit(gate, up, down);
+    const bool grouped = !mmq && n >= grouped_min_rows_ && cuda::grouped_experts_fit(gate) &&
                          cuda::grouped_experts_fit(down);
     void* order_ws =
-        grouped ? arena_.take(cuda::expert_order_workspace_bytes(n * k, n_expert)) : nullptr;
+        grouped || mmq ? arena_.take(cuda::expert_order_workspace_bytes(n * k, n_expert)) : nullptr;
+    void* mmq_ws =
+        mmq ? arena_.take(cuda::mmq_experts_workspace_bytes(n, gate.in, n * k, ff)) : nullptr;
     // The shared expert runs on the side stream, beside the routed experts (its own workspace).
     // (The side stream runs its ops one after another too: its scratch is reused like scratch_.)
     if (shared) side_scratch_.rewind();
@@ -359,9 +364,17 @@ class CudaOps final : public Ops {
     cuda::moe_route(logits, n, n_expert, k, ids, weights, x,
                     shared ? ref::f32_data(w.shared_gate_inp) : nullptr, dim, shared_scale,
                     stream_);
+    if (mmq) {
+      const cuda::ExpertOrder order = cuda::order_by_expert(
+          ids, n * k, n_expert, cuda::mmq_tile_rows(n * k, n_expert), order_ws, stream_);
+      cuda::mmq_experts(gate, up, down, order, k, x, n, pairs, mmq_ws, stream_);
+      if (shared) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+      cuda::moe_combine_pairs(pairs, weights, k, sout, shared_scale, out, n, dim, stream_);
+      return;
+    }
     if (grouped) {
       const cuda::ExpertOrder order =
-          cuda::order_by_expert(ids, n * k, n_expert, order_ws, stream_);
+          cuda::order_by_expert(ids, n * k, n_expert, cuda::grouped_tile_rows(), order_ws, stream_);
       cuda::grouped_experts_swiglu(gate, up, order, k, x, mid, stream_);
       cuda::grouped_experts_down(down, order, mid, pairs, stream_);
       if (shared) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));

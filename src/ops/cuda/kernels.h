@@ -103,12 +103,16 @@ struct ExpertOrder {
   int n_expert = 0;
   int64_t n_pairs = 0;
   int64_t max_tiles = 0;  // host-known bound on the tiles (the grouped launches' grid)
+  int tile_rows = 0;      // pairs a tile
 };
 // Whether the grouped kernels take this expert tensor (a type with a kernel, in % 64 == 0).
 bool grouped_experts_fit(const Matrix& w);
 int64_t expert_order_workspace_bytes(int64_t n_pairs, int n_expert);
-ExpertOrder order_by_expert(const int32_t* ids, int64_t n_pairs, int n_expert, void* workspace,
-                            cudaStream_t stream);
+// Tiles of tile_rows pairs: grouped_tile_rows() for the kernels below, mmq_tile_rows() for
+// mmq_experts.
+ExpertOrder order_by_expert(const int32_t* ids, int64_t n_pairs, int n_expert, int tile_rows,
+                            void* workspace, cudaStream_t stream);
+int grouped_tile_rows();
 // experts_swiglu's result (y [n * k, ff], pair order) from the ordered pairs; x [n, in]. Weights
 // dequantised to bf16 and x rounded to bf16, fp32 accumulation.
 void grouped_experts_swiglu(const Matrix& gate, const Matrix& up, const ExpertOrder& order, int k,
@@ -116,6 +120,22 @@ void grouped_experts_swiglu(const Matrix& gate, const Matrix& up, const ExpertOr
 // experts_down_pairs's result (y_pairs [n * k, out]) from x [n * k, in], the same way.
 void grouped_experts_down(const Matrix& down, const ExpertOrder& order, const float* x,
                           float* y_pairs, cudaStream_t stream);
+
+// ---- MoE prefill on int8 tensor cores (moe_mmq.cu) ----
+// The routed experts of many rows, both halves, from the ordered pairs: y_pairs [n * k, out] =
+// down_e(silu(gate_e x) * up_e x) for each pair's expert e, x [n, in]. x and the hidden rows are
+// quantised to int8 blocks of 32 as the GEMVs' activations are (the same integer dots as
+// gemv_mma.cu), weights read as stored. Types Q4_K, Q5_K, Q6_K and Q8_0 in superblocks; in and ff
+// multiples of 256.
+bool mmq_experts_fit(const Matrix& gate, const Matrix& up, const Matrix& down);
+// Pairs a tile for n_pairs pairs over n_expert experts (16, 32 or 64).
+int mmq_tile_rows(int64_t n_pairs, int n_expert);
+int64_t mmq_experts_workspace_bytes(int64_t n, int64_t in, int64_t n_pairs, int64_t ff);
+void mmq_experts(const Matrix& gate, const Matrix& up, const Matrix& down, const ExpertOrder& order,
+                 int k, const float* x, int64_t n, float* y_pairs, void* workspace,
+                 cudaStream_t stream);
+// QWENRT_CUDA_MOE_MMQ=0 keeps the bf16 grouped kernels (read per call).
+bool mmq_experts_enabled();
 
 // ---- Elementwise (elementwise.cu) ----
 void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,

@@ -65,6 +65,26 @@ __device__ __forceinline__ float silu(float x) {
   return x / (1.0f + expf(-x));
 }
 
+// One block of 32 activations, lane l holding value v (act_quant.cu's form): d = max|x| / 127,
+// q = round(x / d), s = d * sum(q); a NaN anywhere in the block makes d NaN. Lane l writes q[l],
+// lane 0 *d and *s.
+__device__ __forceinline__ void quantize_block32(float v, int lane, int8_t* q, float* d, float* s) {
+  float amax = fabsf(v);
+  for (int off = 16; off > 0; off >>= 1)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const bool bad = __any_sync(0xffffffffu, isnan(v));
+  const float scale = bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  const int qi = __float2int_rn(v * inv);
+  q[lane] = static_cast<int8_t>(qi);
+  int sum = qi;
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) {
+    *d = scale;
+    *s = scale * float(sum);
+  }
+}
+
 template <int NV>
 __device__ __forceinline__ void warp_sum(float (&v)[NV]) {
   for (int off = 16; off > 0; off >>= 1) {

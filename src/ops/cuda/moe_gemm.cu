@@ -21,6 +21,7 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/expand.cuh"
+#include "ops/cuda/expert_order.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/quant_blocks.cuh"
@@ -44,7 +45,7 @@ int64_t align256(int64_t bytes) {
 }
 
 __global__ void __launch_bounds__(kOrderThreads)
-    order_kernel(const int32_t* __restrict__ ids, int64_t n_pairs, int n_expert,
+    order_kernel(const int32_t* __restrict__ ids, int64_t n_pairs, int n_expert, int tile_rows,
                  int32_t* __restrict__ pairs, int32_t* __restrict__ pair_start,
                  int32_t* __restrict__ tile_start) {
   extern __shared__ int32_t s_order[];  // count [n_expert], cursor [n_expert]
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kOrderThreads)
       tile_start[e] = tiles;
       cursor[e] = pos;
       pos += count[e];
-      tiles += (count[e] + kTileRows - 1) / kTileRows;
+      tiles += (count[e] + tile_rows - 1) / tile_rows;
     }
     pair_start[n_expert] = pos;
     tile_start[n_expert] = tiles;
@@ -88,17 +89,7 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(const __grid_constant
   const ExpertOrder& o = a.order;
   const int tile = blockIdx.x;
   if (tile >= o.tile_start[o.n_expert]) return;
-  // The expert of this tile: the last e with tile_start[e] <= tile (experts without pairs have
-  // tile_start[e] == tile_start[e + 1] and are skipped by taking the last).
-  int lo = 0, hi = o.n_expert - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (o.tile_start[mid] <= tile)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int e = lo;
+  const int e = tile_expert(o, tile);
   const int64_t m0 = o.pair_start[e] + int64_t(tile - o.tile_start[e]) * kTileRows;
   const int64_t left = o.pair_start[e + 1] - m0;
   const int rows = static_cast<int>(left < kTileRows ? left : kTileRows);
@@ -195,6 +186,8 @@ template <bool kSwiGlu>
 void launch_grouped(const Matrix& w0, const Matrix* w1, const ExpertOrder& order, int k,
                     const float* x, float* y, cudaStream_t stream) {
   if (order.n_pairs == 0) return;
+  if (order.tile_rows != kTileRows)
+    cuda_fail("grouped experts: pairs ordered in tiles of {}, not {}", order.tile_rows, kTileRows);
   if (w0.in % kStepK != 0)
     cuda_fail("grouped experts: in = {} is not a multiple of {}", w0.in, kStepK);
   if (!mm::aligned(x, 16))
@@ -230,19 +223,25 @@ int64_t expert_order_workspace_bytes(int64_t n_pairs, int n_expert) {
   return align256(n_pairs * 4) + 2 * align256((int64_t{n_expert} + 1) * 4);
 }
 
-ExpertOrder order_by_expert(const int32_t* ids, int64_t n_pairs, int n_expert, void* workspace,
-                            cudaStream_t stream) {
+int grouped_tile_rows() {
+  return kTileRows;
+}
+
+ExpertOrder order_by_expert(const int32_t* ids, int64_t n_pairs, int n_expert, int tile_rows,
+                            void* workspace, cudaStream_t stream) {
   if (n_expert < 1) cuda_fail("order_by_expert: {} experts", n_expert);
+  if (tile_rows < 1) cuda_fail("order_by_expert: tiles of {} pairs", tile_rows);
   auto* base = static_cast<uint8_t*>(workspace);
   auto* pairs = reinterpret_cast<int32_t*>(base);
   auto* pair_start = reinterpret_cast<int32_t*>(base + align256(n_pairs * 4));
   auto* tile_start = reinterpret_cast<int32_t*>(base + align256(n_pairs * 4) +
                                                 align256((int64_t{n_expert} + 1) * 4));
   ExpertOrder o{pairs,    pair_start, tile_start,
-                n_expert, n_pairs,    (n_pairs + kTileRows - 1) / kTileRows + n_expert};
+                n_expert, n_pairs,    (n_pairs + tile_rows - 1) / tile_rows + n_expert,
+                tile_rows};
   const size_t smem = 2 * sizeof(int32_t) * static_cast<size_t>(n_expert);
-  order_kernel<<<1, kOrderThreads, smem, stream>>>(ids, n_pairs, n_expert, pairs, pair_start,
-                                                   tile_start);
+  order_kernel<<<1, kOrderThreads, smem, stream>>>(ids, n_pairs, n_expert, tile_rows, pairs,
+                                                   pair_start, tile_start);
   QWENRT_CUDA_CHECK_LAUNCH();
   return o;
 }

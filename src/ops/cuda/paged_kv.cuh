@@ -26,7 +26,7 @@ __device__ __forceinline__ KeyAt key_at(const Args& a, const Span& sp, int pos) 
 
 // 16-byte asynchronous global -> shared copy; valid = false zero-fills the 16 bytes and reads
 // nothing (src must still be a mapped address).
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   const unsigned dst_addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src),

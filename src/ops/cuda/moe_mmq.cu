@@ -1,0 +1,277 @@
+// MoE prefill on int8 tensor cores (kernels.h, "MoE prefill on int8 tensor cores"): the routed
+// experts of many rows as grouped GEMMs over the pairs ordered by expert (order_by_expert), the
+// weights read as stored and the activations quantised to int8 blocks of 32 (act_quant.cu's form).
+// The integer dots and their fp32 scaling are mma_quant.cuh's, those of the tensor-core GEMV
+// (gemv_mma.cu); moe_gemm.cu's bf16 kernels instead dequantise every weight tile in every block,
+// which costs more than the products.
+//
+// A block owns one tile of up to R = 8 NT pairs of one expert (the pairs' activation rows are the
+// mma's n) and 16 weight rows a warp (its m). The tile's activations are staged in shared memory
+// a superblock (256 elements) at a time by cp.async into two buffers, so each activation byte is
+// read from L2 once a block, not once a warp; each warp loads its weight rows' next superblock
+// into registers while it multiplies the current one.
+// - swiglu: blockIdx.y = a run of 64 hidden columns; warps 0..3 take those gate rows, 4..7 the
+//   same up rows. The epilogue forms silu(gate) * up for each pair and quantises it (a warp a
+//   block of 32, quantize_block32) into the hidden activations at the pair's sorted position:
+//   down's input, in expert order, never stored in fp32.
+// - down: blockIdx.y = a run of 128 output rows (8 warps x 16); reads the hidden rows of the
+//   tile's sorted positions, writes y_pairs [pair, out].
+// Staged rows are 288 bytes apart (256 + 32): lane (g, t) reads 8 bytes at row g, byte 8t + 32j,
+// so the 32 lanes cover all 32 banks twice (the least for 256 bytes).
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/expert_order.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/matmul_args.cuh"
+#include "ops/cuda/mma_quant.cuh"
+#include "ops/cuda/paged_kv.cuh"
+
+namespace qwenrt::ops::cuda {
+namespace {
+
+using mm::mmaq::ActLane;
+using mm::mmaq::kSuperElems;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWarpRows = 16;                         // weight rows a warp (the mma's m)
+constexpr int kSwigluCols = 4 * kWarpRows;            // hidden columns a SwiGLU block
+constexpr int kDownRows = kWarps * kWarpRows;         // output rows a down block
+constexpr int kQStride = kSuperElems + 32;            // bytes between staged activation rows
+constexpr int kBlocks = kSuperElems / qb::kActBlock;  // activation blocks a superblock (8)
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// One superblock of the tile's R activation rows.
+template <int R>
+struct alignas(16) Stage {
+  int8_t q[R][kQStride];
+  float d[R][kBlocks];
+  float s[R][kBlocks];
+};
+
+struct MmqArgs {
+  const uint8_t* w0;  // gate (SwiGLU) or down; expert e at + e * expert_bytes
+  const uint8_t* w1;  // up (SwiGLU)
+  int64_t row_bytes, expert_bytes, out;
+  // Activations: SwiGLU x [n, in] (pair p reads row p / k); down the hidden rows [n_pairs, in] in
+  // sorted order.
+  mm::Acts a;
+  int k;
+  ExpertOrder order;
+  // SwiGLU: the hidden activations written in sorted order, q [n_pairs, out], d and s
+  // [n_pairs, out / 32]. Down: y [n_pairs, out] by pair index.
+  int8_t* hq;
+  float* hd;
+  float* hs;
+  float* y;
+};
+
+template <class T, int NT, bool kSwiGlu>
+__global__ void __launch_bounds__(kThreads, 1) mmq_kernel(const __grid_constant__ MmqArgs a) {
+  constexpr int R = 8 * NT;
+  const ExpertOrder& o = a.order;
+  const int tile = blockIdx.x;
+  if (tile >= o.tile_start[o.n_expert]) return;
+  const int e = tile_expert(o, tile);
+  const int64_t m0 = o.pair_start[e] + int64_t(tile - o.tile_start[e]) * R;
+  const int rows = static_cast<int>(min(int64_t{R}, o.pair_start[e + 1] - m0));
+
+  __shared__ Stage<R> st[2];
+  __shared__ int32_t s_src[R];   // the activation row of each tile row, -1 past `rows`
+  __shared__ int32_t s_pair[R];  // its pair index
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    const int32_t p = r < rows ? o.pairs[m0 + r] : -1;
+    s_pair[r] = p;
+    s_src[r] = r < rows ? (kSwiGlu ? p / a.k : static_cast<int32_t>(m0 + r)) : -1;
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t row0 = kSwiGlu ? int64_t{blockIdx.y} * kSwigluCols + (warp % 4) * kWarpRows
+                               : int64_t{blockIdx.y} * kDownRows + warp * kWarpRows;
+  const uint8_t* wbase = (kSwiGlu && warp >= 4 ? a.w1 : a.w0) + e * a.expert_bytes;
+  // Rows past the end read the last row (their outputs are not written).
+  const uint8_t* w0 = wbase + min(row0 + g, a.out - 1) * a.row_bytes;
+  const uint8_t* w1 = wbase + min(row0 + g + 8, a.out - 1) * a.row_bytes;
+  const int64_t in = a.a.in, nb = in / qb::kActBlock, n_sb = in / kSuperElems;
+
+  // Superblock sb of the tile's rows into buffer `buf` (rows past `rows` zero-filled): per row 16
+  // chunks of q, 2 of d, 2 of s.
+  auto stage = [&](int buf, int64_t sb) {
+    Stage<R>& s = st[buf];
+    for (int i = threadIdx.x; i < R * 20; i += kThreads) {
+      const int r = i / 20, c = i % 20;
+      const int32_t src = s_src[r];
+      const bool ok = src >= 0;
+      const int64_t row = ok ? src : 0;
+      if (c < 16) {
+        cp_async16(&s.q[r][16 * c], a.a.q + row * in + sb * kSuperElems + 16 * c, ok);
+      } else if (c < 18) {
+        cp_async16(&s.d[r][4 * (c - 16)], a.a.d + row * nb + sb * kBlocks + 4 * (c - 16), ok);
+      } else {
+        cp_async16(&s.s[r][4 * (c - 18)], a.a.s + row * nb + sb * kBlocks + 4 * (c - 18), ok);
+      }
+    }
+    cp_async_commit();
+  };
+
+  float acc[NT][4] = {};
+  stage(0, 0);
+  typename T::Raw raw = T::load(w0, w1, t);
+  for (int64_t sb = 0; sb < n_sb; ++sb) {
+    const int buf = static_cast<int>(sb & 1);
+    const bool more = sb + 1 < n_sb;
+    if (more) {
+      stage(buf ^ 1, sb + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const Stage<R>& s = st[buf];
+    const ActLane al{&s.q[g][0], &s.d[2 * t][0], &s.s[2 * t][0], 8 * kQStride, kBlocks};
+    typename T::Raw next = raw;
+    if (more) next = T::load(w0 + (sb + 1) * T::kBytes, w1 + (sb + 1) * T::kBytes, t);
+    T::template compute<NT>(raw, 0, t, al, acc);
+    raw = next;
+    __syncthreads();  // the buffer is refilled by the next iteration's stage
+  }
+
+  // acc[nt][i]: weight row row0 + g + 8 (i / 2), tile row 8 nt + 2t + i % 2.
+  if constexpr (kSwiGlu) {
+    constexpr int kLd = kSwigluCols + 1;
+    static_assert(sizeof(float) * 2 * R * kLd <= sizeof(Stage<R>) * 2, "epilogue tile fits");
+    float* sh = reinterpret_cast<float*>(st);  // [2 (gate, up)][R][kLd]
+    const int half = warp / 4, c0 = (warp % 4) * kWarpRows;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        sh[(half * R + 8 * nt + 2 * t + i % 2) * kLd + c0 + g + 8 * (i / 2)] = acc[nt][i];
+    __syncthreads();
+    const int64_t nbo = a.out / qb::kActBlock;
+    for (int item = warp; item < R * 2; item += kWarps) {
+      const int r = item / 2, b = item % 2;
+      if (r >= rows) continue;  // uniform over the warp
+      const int col = 32 * b + lane;
+      const float v = mm::silu(sh[r * kLd + col]) * sh[(R + r) * kLd + col];
+      const int64_t pos = m0 + r, blk = int64_t{blockIdx.y} * (kSwigluCols / 32) + b;
+      mm::quantize_block32(v, lane, a.hq + pos * a.out + blk * 32, a.hd + pos * nbo + blk,
+                           a.hs + pos * nbo + blk);
+    }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = 8 * nt + 2 * t + i % 2;
+        const int64_t row = row0 + g + 8 * (i / 2);
+        if (col < rows && row < a.out) a.y[int64_t{s_pair[col]} * a.out + row] = acc[nt][i];
+      }
+  }
+}
+
+bool type_fits(const Matrix& w) {
+  if (!mm::mmaq::has_type(w.dtype, w.q8_superblocks) || w.in % kSuperElems != 0) return false;
+  const int64_t need = w.dtype == DType::Q6_K ? 2 : 16;
+  return mm::aligned(w.data, need) && w.row_bytes % need == 0 && w.expert_bytes % need == 0;
+}
+
+template <bool kSwiGlu>
+void launch(const Matrix& w0, const Matrix* w1, const ExpertOrder& order, int k, mm::Acts acts,
+            int8_t* hq, float* hd, float* hs, float* y, cudaStream_t stream) {
+  MmqArgs a{};
+  a.w0 = static_cast<const uint8_t*>(w0.data);
+  a.w1 = w1 ? static_cast<const uint8_t*>(w1->data) : nullptr;
+  a.row_bytes = w0.row_bytes;
+  a.expert_bytes = w0.expert_bytes;
+  a.out = w0.out;
+  a.a = acts;
+  a.k = k;
+  a.order = order;
+  a.hq = hq;
+  a.hd = hd;
+  a.hs = hs;
+  a.y = y;
+  const int64_t per = kSwiGlu ? kSwigluCols : kDownRows;
+  const dim3 grid(static_cast<unsigned>(order.max_tiles),
+                  static_cast<unsigned>((w0.out + per - 1) / per));
+  const bool launched = mm::mmaq::with_type(w0.dtype, w0.q8_superblocks, [&]<class T>() {
+    switch (order.tile_rows) {
+      case 16:
+        mmq_kernel<T, 2, kSwiGlu><<<grid, kThreads, 0, stream>>>(a);
+        break;
+      case 32:
+        mmq_kernel<T, 4, kSwiGlu><<<grid, kThreads, 0, stream>>>(a);
+        break;
+      case 64:
+        mmq_kernel<T, 8, kSwiGlu><<<grid, kThreads, 0, stream>>>(a);
+        break;
+      default:
+        cuda_fail("mmq experts: tiles of {} pairs (16, 32 or 64)", order.tile_rows);
+    }
+  });
+  if (!launched) cuda_fail("mmq experts: no kernel for {}", dtype_name(w0.dtype));
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+int64_t align256(int64_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
+
+bool mmq_experts_enabled() {
+  const char* v = std::getenv("QWENRT_CUDA_MOE_MMQ");
+  return !(v && std::string(v) == "0");
+}
+
+bool mmq_experts_fit(const Matrix& gate, const Matrix& up, const Matrix& down) {
+  return type_fits(gate) && type_fits(up) && type_fits(down) && gate.dtype == up.dtype &&
+         gate.q8_superblocks == up.q8_superblocks && gate.in == up.in && gate.out == up.out &&
+         gate.row_bytes == up.row_bytes && gate.expert_bytes == up.expert_bytes &&
+         down.in == gate.out && gate.out % kSwigluCols == 0;
+}
+
+int mmq_tile_rows(int64_t n_pairs, int n_expert) {
+  // Pairs an expert on average: tiles of 64 waste little from ~40 (a 4,096-token prompt of the
+  // 35B-A3B averages 128), smaller ones keep short prompts from multiplying empty rows.
+  const int64_t per = n_pairs / std::max(1, n_expert);
+  return per >= 40 ? 64 : per >= 20 ? 32 : 16;
+}
+
+int64_t mmq_experts_workspace_bytes(int64_t n, int64_t in, int64_t n_pairs, int64_t ff) {
+  return align256(mm::quant_act_bytes(n, in)) + align256(n_pairs * ff) +
+         2 * align256(n_pairs * (ff / qb::kActBlock) * 4);
+}
+
+void mmq_experts(const Matrix& gate, const Matrix& up, const Matrix& down, const ExpertOrder& order,
+                 int k, const float* x, int64_t n, float* y_pairs, void* workspace,
+                 cudaStream_t stream) {
+  if (order.n_pairs == 0) return;
+  if (!mmq_experts_fit(gate, up, down)) cuda_fail("mmq experts: shapes or types do not fit");
+  if (!mm::aligned(workspace, 256)) cuda_fail("mmq experts: workspace {} not aligned", workspace);
+  const int64_t ff = gate.out, n_pairs = order.n_pairs;
+  auto* base = static_cast<uint8_t*>(workspace);
+  const mm::Acts xa = mm::prepare_acts(x, n, gate.in, true, base, stream);
+  base += align256(mm::quant_act_bytes(n, gate.in));
+  auto* hq = reinterpret_cast<int8_t*>(base);
+  base += align256(n_pairs * ff);
+  auto* hd = reinterpret_cast<float*>(base);
+  base += align256(n_pairs * (ff / qb::kActBlock) * 4);
+  auto* hs = reinterpret_cast<float*>(base);
+  launch<true>(gate, &up, order, k, xa, hq, hd, hs, nullptr, stream);
+  const mm::Acts ha{hq, hd, nullptr, ff, hs};
+  launch<false>(down, nullptr, order, 1, ha, nullptr, nullptr, nullptr, y_pairs, stream);
+}
+
+}  // namespace qwenrt::ops::cuda
