@@ -51,22 +51,14 @@ __device__ __forceinline__ void load8f(const float* p, float (&v)[8]) {
   v[7] = hi.w;
 }
 
-// float(c) for |c| < 2^22, exactly, without the conversion unit: the bits of 1.5 * 2^23 + c read
-// as a float (ulp 1 there), minus 1.5 * 2^23. An I2F issues at 16 a clock an SM against 128 for
-// integer adds and FP32 adds, and every mma below needs four. A block's dot is at most
-// 32 * 127 * 127 < 2^19 in magnitude.
-__device__ __forceinline__ float small_int_to_float(int c) {
-  return __int_as_float(0x4B400000 + c) - 12582912.0f;
-}
-
 // acc[0..3] (rows g, g, g+8, g+8 x columns c0, c1, c0, c1) += the block's int32 dots c scaled:
 // ws_r * xd_c * c - mm_r * xs_c.
 __device__ __forceinline__ void scale_add(float (&acc)[4], const int (&c)[4], float ws0, float ws1,
                                           float xd0, float xd1) {
-  acc[0] += small_int_to_float(c[0]) * (ws0 * xd0);
-  acc[1] += small_int_to_float(c[1]) * (ws0 * xd1);
-  acc[2] += small_int_to_float(c[2]) * (ws1 * xd0);
-  acc[3] += small_int_to_float(c[3]) * (ws1 * xd1);
+  acc[0] += float(c[0]) * (ws0 * xd0);
+  acc[1] += float(c[1]) * (ws0 * xd1);
+  acc[2] += float(c[2]) * (ws1 * xd0);
+  acc[3] += float(c[3]) * (ws1 * xd1);
 }
 __device__ __forceinline__ void min_add(float (&acc)[4], float mm0, float mm1, float xs0,
                                         float xs1) {
