@@ -36,11 +36,17 @@ namespace {
 using mm::mmaq::ActLane;
 using mm::mmaq::kSuperElems;
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kWarpRows = 16;                         // weight rows a warp (the mma's m)
-constexpr int kSwigluCols = 4 * kWarpRows;            // hidden columns a SwiGLU block
-constexpr int kDownRows = kWarps * kWarpRows;         // output rows a down block
+constexpr int kWarpRows = 16;  // weight rows a warp (the mma's m)
+// Blocks of W warps: a SwiGLU block W / 2 gate warps and W / 2 up warps over 16 (W / 2) hidden
+// columns (whole blocks of 32), a down block 16 W output rows.
+template <int W>
+constexpr int swiglu_cols() {
+  return W / 2 * kWarpRows;
+}
+template <int W>
+constexpr int down_rows() {
+  return W * kWarpRows;
+}
 constexpr int kQStride = kSuperElems + 32;            // bytes between staged activation rows
 constexpr int kBlocks = kSuperElems / qb::kActBlock;  // activation blocks a superblock (8)
 
@@ -74,9 +80,14 @@ struct MmqArgs {
   float* y;
 };
 
-template <class T, int NT, bool kSwiGlu>
-__global__ void __launch_bounds__(kThreads, 1) mmq_kernel(const __grid_constant__ MmqArgs a) {
-  constexpr int R = 8 * NT;
+// W = 8: one block an SM (~190 registers), the next superblock's weights loaded during this one's
+// products. W = 4: three blocks an SM (registers capped at 170), no weight prefetch.
+template <class T, int NT, bool kSwiGlu, int W>
+__global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
+    mmq_kernel(const __grid_constant__ MmqArgs a) {
+  constexpr int R = 8 * NT, kThreads = W * 32, kHalf = W / 2;
+  constexpr int kSwigluCols = swiglu_cols<W>(), kDownRows = down_rows<W>();
+  constexpr bool kPrefetch = W == 8;
   const ExpertOrder& o = a.order;
   const int tile = blockIdx.x;
   if (tile >= o.tile_start[o.n_expert]) return;
@@ -96,9 +107,9 @@ __global__ void __launch_bounds__(kThreads, 1) mmq_kernel(const __grid_constant_
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t row0 = kSwiGlu ? int64_t{blockIdx.y} * kSwigluCols + (warp % 4) * kWarpRows
+  const int64_t row0 = kSwiGlu ? int64_t{blockIdx.y} * kSwigluCols + (warp % kHalf) * kWarpRows
                                : int64_t{blockIdx.y} * kDownRows + warp * kWarpRows;
-  const uint8_t* wbase = (kSwiGlu && warp >= 4 ? a.w1 : a.w0) + e * a.expert_bytes;
+  const uint8_t* wbase = (kSwiGlu && warp >= kHalf ? a.w1 : a.w0) + e * a.expert_bytes;
   // Rows past the end read the last row (their outputs are not written).
   const uint8_t* w0 = wbase + min(row0 + g, a.out - 1) * a.row_bytes;
   const uint8_t* w1 = wbase + min(row0 + g + 8, a.out - 1) * a.row_bytes;
@@ -139,10 +150,15 @@ __global__ void __launch_bounds__(kThreads, 1) mmq_kernel(const __grid_constant_
     __syncthreads();
     const Stage<R>& s = st[buf];
     const ActLane al{&s.q[g][0], &s.d[2 * t][0], &s.s[2 * t][0], 8 * kQStride, kBlocks};
-    typename T::Raw next = raw;
-    if (more) next = T::load(w0 + (sb + 1) * T::kBytes, w1 + (sb + 1) * T::kBytes, t);
-    T::template compute<NT>(raw, 0, t, al, acc);
-    raw = next;
+    if constexpr (kPrefetch) {
+      typename T::Raw next = raw;
+      if (more) next = T::load(w0 + (sb + 1) * T::kBytes, w1 + (sb + 1) * T::kBytes, t);
+      T::template compute<NT>(raw, 0, t, al, acc);
+      raw = next;
+    } else {
+      if (sb > 0) raw = T::load(w0 + sb * T::kBytes, w1 + sb * T::kBytes, t);
+      T::template compute<NT>(raw, 0, t, al, acc);
+    }
     __syncthreads();  // the buffer is refilled by the next iteration's stage
   }
 
@@ -151,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1) mmq_kernel(const __grid_constant_
     constexpr int kLd = kSwigluCols + 1;
     static_assert(sizeof(float) * 2 * R * kLd <= sizeof(Stage<R>) * 2, "epilogue tile fits");
     float* sh = reinterpret_cast<float*>(st);  // [2 (gate, up)][R][kLd]
-    const int half = warp / 4, c0 = (warp % 4) * kWarpRows;
+    const int half = warp / kHalf, c0 = (warp % kHalf) * kWarpRows;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -159,12 +175,13 @@ __global__ void __launch_bounds__(kThreads, 1) mmq_kernel(const __grid_constant_
         sh[(half * R + 8 * nt + 2 * t + i % 2) * kLd + c0 + g + 8 * (i / 2)] = acc[nt][i];
     __syncthreads();
     const int64_t nbo = a.out / qb::kActBlock;
-    for (int item = warp; item < R * 2; item += kWarps) {
-      const int r = item / 2, b = item % 2;
+    constexpr int kQBlocks = kSwigluCols / 32;
+    for (int item = warp; item < R * kQBlocks; item += W) {
+      const int r = item / kQBlocks, b = item % kQBlocks;
       if (r >= rows) continue;  // uniform over the warp
       const int col = 32 * b + lane;
       const float v = mm::silu(sh[r * kLd + col]) * sh[(R + r) * kLd + col];
-      const int64_t pos = m0 + r, blk = int64_t{blockIdx.y} * (kSwigluCols / 32) + b;
+      const int64_t pos = m0 + r, blk = int64_t{blockIdx.y} * kQBlocks + b;
       mm::quantize_block32(v, lane, a.hq + pos * a.out + blk * 32, a.hd + pos * nbo + blk,
                            a.hs + pos * nbo + blk);
     }
@@ -178,6 +195,15 @@ __global__ void __launch_bounds__(kThreads, 1) mmq_kernel(const __grid_constant_
         if (col < rows && row < a.out) a.y[int64_t{s_pair[col]} * a.out + row] = acc[nt][i];
       }
   }
+}
+
+// QWENRT_CUDA_MMQ_WARPS=4: blocks of 4 warps (a measurement knob; default 8).
+int mmq_warps() {
+  static const int w = [] {
+    const char* v = std::getenv("QWENRT_CUDA_MMQ_WARPS");
+    return v != nullptr && std::string(v) == "4" ? 4 : 8;
+  }();
+  return w;
 }
 
 bool type_fits(const Matrix& w) {
@@ -202,24 +228,28 @@ void launch(const Matrix& w0, const Matrix* w1, const ExpertOrder& order, int k,
   a.hd = hd;
   a.hs = hs;
   a.y = y;
-  const int64_t per = kSwiGlu ? kSwigluCols : kDownRows;
-  const dim3 grid(static_cast<unsigned>(order.max_tiles),
-                  static_cast<unsigned>((w0.out + per - 1) / per));
-  const bool launched = mm::mmaq::with_type(w0.dtype, w0.q8_superblocks, [&]<class T>() {
-    switch (order.tile_rows) {
-      case 16:
-        mmq_kernel<T, 2, kSwiGlu><<<grid, kThreads, 0, stream>>>(a);
-        break;
-      case 32:
-        mmq_kernel<T, 4, kSwiGlu><<<grid, kThreads, 0, stream>>>(a);
-        break;
-      case 64:
-        mmq_kernel<T, 8, kSwiGlu><<<grid, kThreads, 0, stream>>>(a);
-        break;
-      default:
-        cuda_fail("mmq experts: tiles of {} pairs (16, 32 or 64)", order.tile_rows);
-    }
-  });
+  auto go = [&]<int W>() {
+    const int64_t per = kSwiGlu ? swiglu_cols<W>() : down_rows<W>();
+    const dim3 grid(static_cast<unsigned>(order.max_tiles),
+                    static_cast<unsigned>((w0.out + per - 1) / per));
+    return mm::mmaq::with_type(w0.dtype, w0.q8_superblocks, [&]<class T>() {
+      switch (order.tile_rows) {
+        case 16:
+          mmq_kernel<T, 2, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
+          break;
+        case 32:
+          mmq_kernel<T, 4, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
+          break;
+        case 64:
+          mmq_kernel<T, 8, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
+          break;
+        default:
+          cuda_fail("mmq experts: tiles of {} pairs (16, 32 or 64)", order.tile_rows);
+      }
+    });
+  };
+  const bool launched =
+      mmq_warps() == 4 ? go.template operator()<4>() : go.template operator()<8>();
   if (!launched) cuda_fail("mmq experts: no kernel for {}", dtype_name(w0.dtype));
   QWENRT_CUDA_CHECK_LAUNCH();
 }
@@ -239,7 +269,7 @@ bool mmq_experts_fit(const Matrix& gate, const Matrix& up, const Matrix& down) {
   return type_fits(gate) && type_fits(up) && type_fits(down) && gate.dtype == up.dtype &&
          gate.q8_superblocks == up.q8_superblocks && gate.in == up.in && gate.out == up.out &&
          gate.row_bytes == up.row_bytes && gate.expert_bytes == up.expert_bytes &&
-         down.in == gate.out && gate.out % kSwigluCols == 0;
+         down.in == gate.out && gate.out % swiglu_cols<8>() == 0;
 }
 
 int mmq_tile_rows(int64_t n_pairs, int n_expert) {
