@@ -62,7 +62,7 @@ class CudaOps final : public Ops {
     graphs_enabled_ = env_flag("QWENRT_CUDA_GRAPHS", true) && !profile_;
     if (const char* v = std::getenv("QWENRT_CUDA_GROUPED_ROWS"); v != nullptr && *v != '\0') {
       const long long r = std::atoll(v);
-      grouped_min_rows_ = r <= 0 ? INT64_MAX : r;
+      grouped_min_rows_ = mmq_min_rows_ = r <= 0 ? INT64_MAX : r;
     }
   }
 
@@ -339,8 +339,8 @@ class CudaOps final : public Ops {
     }
     // Many rows: the routed experts as grouped GEMMs over the pairs ordered by expert.
     // On int8 tensor cores where the types allow (QWENRT_CUDA_MOE_MMQ=0: the bf16 kernels).
-    const bool mmq = n >= grouped_min_rows_ && cuda::mmq_experts_enabled() &&
-                     cuda::mmq_experts_fit(gate, up, down);
+    const bool mmq =
+        n >= mmq_min_rows_ && cuda::mmq_experts_enabled() && cuda::mmq_experts_fit(gate, up, down);
     const bool grouped = !mmq && n >= grouped_min_rows_ && cuda::grouped_experts_fit(gate) &&
                          cuda::grouped_experts_fit(down);
     void* order_ws =
@@ -716,6 +716,10 @@ class CudaOps final : public Ops {
   // (QWENRT_CUDA_GROUPED_ROWS; 0: never). 128, not 32: on the 35B-A3B the per-pair GEMVs
   // measured 1,409 against the grouped GEMMs' 816 tok/s at 32 rows, 1,588 against 1,297 at 64.
   int64_t grouped_min_rows_ = 128;
+  // The same for the int8 grouped kernels (moe_mmq.cu), from 16 rows: on the 35B-A3B (one device
+  // call, aggregate decode) 1,345 / 1,834 / 2,723 tok/s at 16 / 32 / 64 rows against the per-pair
+  // GEMVs' 1,273 / 1,449 / 1,627. QWENRT_CUDA_GROUPED_ROWS sets both.
+  int64_t mmq_min_rows_ = 16;
   Mode mode_ = Mode::kEager;
   std::map<GraphKey, Graph> graphs_;
   std::map<GraphKey, int> seen_;
