@@ -64,7 +64,7 @@ void check_case(const MoeCase& c) {
     *w = ops->place(*w);
   }
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int64_t n : {1, 3, 8, 40, 130}) {  // 130: the grouped GEMMs (from 128 rows)
+  for (int64_t n : {1, 3, 8, 40, 130}) {  // 40, 130: the int8 grouped experts (from 16 rows)
     std::vector<float> x(n * c.dim);
     for (auto& v : x) v = normal(rng);
     std::vector<float> want(n * c.dim, 0.0f);

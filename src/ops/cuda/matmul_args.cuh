@@ -1,4 +1,4 @@
-// What the matmul kernels of this folder share (matmul.cu, gemv_staged.cu, gemv_resident.cu):
+// What the matmul kernels of this folder share (matmul.cu, gemv_*.cu, moe_mmq.cu, act_quant.cu):
 // the activations and weight matrices as kernels read them, the projection groups, and the entry
 // points each file gives the others. Device and host code; internal to ops/cuda (kernels.h is the
 // backend's interface).
