@@ -4,16 +4,16 @@
 
 namespace qwenrt::arch {
 
-void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, int il,
-                     const float* x, float* out) {
+AttentionRows attention_projections(const BlockContext& ctx, const model::AttentionWeights& w,
+                                    const float* x) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
   const int64_t n = ctx.n, hd = c.head_dim, nq = int64_t{c.n_head} * hd,
                 nkv = int64_t{c.n_head_kv} * hd;
-  float* q = ops.alloc(n * nq);
-  float* gate = ops.alloc(n * nq);
-  float* k = ops.alloc(n * nkv);
-  float* v = ops.alloc(n * nkv);
+  AttentionRows r{.q = ops.alloc(n * nq),
+                  .gate = ops.alloc(n * nq),
+                  .k = ops.alloc(n * nkv),
+                  .v = ops.alloc(n * nkv)};
   // attn_q yields per head [query (hd) | gate (hd)]; a fused attn_qkv puts k and v after that.
   float* q_gate = ops.alloc(n * 2 * nq);
   if (w.qkv.present()) {
@@ -21,33 +21,47 @@ void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, 
     float* qkv = ops.alloc(n * width);
     ops.matmul(w.qkv, x, qkv, n);
     ops.copy_2d(qkv, width, q_gate, 2 * nq, n, 2 * nq);
-    ops.copy_2d(qkv + 2 * nq, width, k, nkv, n, nkv);
-    ops.copy_2d(qkv + 2 * nq + nkv, width, v, nkv, n, nkv);
+    ops.copy_2d(qkv + 2 * nq, width, r.k, nkv, n, nkv);
+    ops.copy_2d(qkv + 2 * nq + nkv, width, r.v, nkv, n, nkv);
   } else {
-    const ops::Ops::Projection qkv[] = {{&w.q, q_gate}, {&w.k, k}, {&w.v, v}};
+    const ops::Ops::Projection qkv[] = {{&w.q, q_gate}, {&w.k, r.k}, {&w.v, r.v}};
     ops.matmuls(x, n, qkv);
   }
-  ops.copy_2d(q_gate, 2 * hd, q, hd, n * c.n_head, hd);
-  ops.copy_2d(q_gate + hd, 2 * hd, gate, hd, n * c.n_head, hd);
+  ops.copy_2d(q_gate, 2 * hd, r.q, hd, n * c.n_head, hd);
+  ops.copy_2d(q_gate + hd, 2 * hd, r.gate, hd, n * c.n_head, hd);
 
-  ops.rmsnorm(q, w.q_norm, q, n * c.n_head, hd, c.rms_eps);
-  ops.rmsnorm(k, w.k_norm, k, n * c.n_head_kv, hd, c.rms_eps);
-  ops.rope_neox(q, c.n_head, c.head_dim, nq, c.n_rot, c.rope_theta);
-  ops.rope_neox(k, c.n_head_kv, c.head_dim, nkv, c.n_rot, c.rope_theta);
+  ops.rmsnorm(r.q, w.q_norm, r.q, n * c.n_head, hd, c.rms_eps);
+  ops.rmsnorm(r.k, w.k_norm, r.k, n * c.n_head_kv, hd, c.rms_eps);
+  ops.rope_neox(r.q, c.n_head, c.head_dim, nq, c.n_rot, c.rope_theta);
+  ops.rope_neox(r.k, c.n_head_kv, c.head_dim, nkv, c.n_rot, c.rope_theta);
+  return r;
+}
 
+void attention_output(const BlockContext& ctx, const model::AttentionWeights& w,
+                      const AttentionRows& rows, float* attn, float* out) {
+  const int64_t nq = int64_t{ctx.config.n_head} * ctx.config.head_dim;
+  ctx.ops.sigmoid_mul(attn, rows.gate, nq, attn, ctx.n, nq);
+  ctx.ops.matmul(w.output, attn, out, ctx.n);
+}
+
+void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, int il,
+                     const float* x, float* out) {
+  ops::Ops& ops = ctx.ops;
+  const model::Config& c = ctx.config;
+  const int64_t n = ctx.n, nq = int64_t{c.n_head} * c.head_dim;
+  const AttentionRows rows = attention_projections(ctx, w, x);
   float* attn = ops.alloc(n * nq);
-  ops.attention({.q = q,
+  ops.attention({.q = rows.q,
                  .q_stride = nq,
-                 .k = k,
-                 .v = v,
+                 .k = rows.k,
+                 .v = rows.v,
                  .kv = ctx.states.kv(il),
                  .out = attn,
                  .n_head = c.n_head,
                  .n_head_kv = c.n_head_kv,
                  .head_dim = c.head_dim,
-                 .scale = 1.0f / std::sqrt(static_cast<float>(hd))});
-  ops.sigmoid_mul(attn, gate, nq, attn, n, nq);
-  ops.matmul(w.output, attn, out, n);
+                 .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))});
+  attention_output(ctx, w, rows, attn, out);
 }
 
 void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, int il,
@@ -76,7 +90,8 @@ void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, in
                 .n_k_heads = c.ssm_k_heads,
                 .n_v_heads = c.ssm_v_heads,
                 .head_dim = c.ssm_head_dim,
-                .eps = c.rms_eps});
+                .eps = c.rms_eps,
+                .sigmoid_gate = c.deltanet_sigmoid_gate()});
   ops.matmul(w.output, o, out, n);
 }
 

@@ -19,6 +19,20 @@ struct BlockContext {
 // each span's slot in state layer il.
 void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, int il,
                      const float* x, float* out);
+
+// Gated attention's two halves around its core, for blocks that run another core (QSA):
+// the projections with their norms and RoPE, and the gated output projection.
+struct AttentionRows {
+  float* q;     // [n, n_head, head_dim]
+  float* gate;  // [n, n_head * head_dim]
+  float* k;     // [n, n_head_kv, head_dim]
+  float* v;     // [n, n_head_kv, head_dim]
+};
+AttentionRows attention_projections(const BlockContext& ctx, const model::AttentionWeights& w,
+                                    const float* x);
+// out [n, n_embd] = W_o (attn * sigmoid(gate)); attn is overwritten.
+void attention_output(const BlockContext& ctx, const model::AttentionWeights& w,
+                      const AttentionRows& rows, float* attn, float* out);
 // out [n, n_embd] = Gated DeltaNet of x [n, n_embd] (already normed), advancing conv and delta
 // state of each span's slot in state layer il.
 void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, int il,

@@ -48,5 +48,10 @@ std::unique_ptr<Model> make_qwen35(const gguf::File& file, const model::Config& 
                                    ops::Ops& ops);
 std::unique_ptr<Model> make_qwen35moe(const gguf::File& file, const model::Config& config,
                                       ops::Ops& ops);
+std::unique_ptr<Model> make_qwen4exp(const gguf::File& file, const model::Config& config,
+                                     ops::Ops& ops);
+// The model of the file's architecture.
+std::unique_ptr<Model> make_model(const gguf::File& file, const model::Config& config,
+                                  ops::Ops& ops);
 
 }  // namespace qwenrt::arch

@@ -69,7 +69,9 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   if (backend == "auto") {
     backend = "cpu";
     if (ops::cuda_available()) {
-      const std::string why = ops::cuda_unsupported(config_.head_dim, config_.ssm_head_dim);
+      const std::string why =
+          config_.is_qwen4exp() ? std::string("qwen4exp blocks (hyper-connections, QSA, PLE)")
+                                : ops::cuda_unsupported(config_.head_dim, config_.ssm_head_dim);
       if (why.empty()) {
         backend = "cuda";
       } else {
@@ -84,6 +86,10 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   } else if (backend == "cpu") {
     ops_ = ops::make_cpu_ops(options.n_threads);
   } else if (backend == "cuda") {
+    if (config_.is_qwen4exp()) {
+      fail("the cuda backend does not run qwen4exp yet (its hyper-connection, QSA and PLE ops have "
+           "no CUDA kernels): use --backend cpu");
+    }
     ops_ = ops::make_cuda_ops();
   } else {
     fail("unknown backend '{}' (available: auto, cuda, cpu, ref)", options.backend);
@@ -93,15 +99,16 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     for (const auto& t : file_.tensors()) total += t.n_bytes;
     ops_->set_place_progress(options.on_load_progress, total);
   }
-  model_ = config_.is_moe() ? arch::make_qwen35moe(file_, config_, *ops_)
-                            : arch::make_qwen35(file_, config_, *ops_);
+  model_ = arch::make_model(file_, config_, *ops_);
   if (options.prefault && !ops_->copies_weights()) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
   constexpr int kPageSize = 64;
   int64_t page_bytes = 0;
   for (int il = 0; il < config_.n_layer; ++il) {
-    if (config_.is_attention_layer(il))
-      page_bytes += 2 * int64_t{kPageSize} * config_.n_head_kv * config_.head_dim * 4;
+    if (config_.is_attention_layer(il)) {
+      const int64_t idx_dim = config_.is_qsa_layer(il) ? config_.q4.indexer_head_dim : 0;
+      page_bytes += (2 * int64_t{config_.n_head_kv} * config_.head_dim + idx_dim) * kPageSize * 4;
+    }
   }
   int64_t cache_bytes = options.cache_kv_bytes;
   if (cache_bytes < 0) {

@@ -2,7 +2,10 @@
 
 #include <limits>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "core/log.h"
 
 namespace qwenrt::model {
 namespace {
@@ -29,6 +32,34 @@ class KeyReader {
     return static_cast<float>(*v);
   }
   const gguf::Array* get_array(std::string_view name) const { return file_.get_array(key(name)); }
+  // An integer array of at least min_len entries, each in [min, max]; empty when absent and not
+  // required.
+  std::vector<int64_t> get_ints(std::string_view name, size_t min_len, int64_t min, int64_t max,
+                                bool required) const {
+    const gguf::Array* a = get_array(name);
+    if (!a) {
+      if (required) fail("{}: missing metadata key '{}'", file_.path(), key(name));
+      return {};
+    }
+    if (a->items.size() < min_len) {
+      fail("{}: metadata key '{}': expected at least {} entries, got {}", file_.path(), key(name),
+           min_len, a->items.size());
+    }
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < a->items.size(); ++i) {
+      const auto& item = a->items[i];
+      if (!item.is_integer()) fail("{}: metadata key '{}': expected integers", file_.path(), key(name));
+      const bool is_signed = std::holds_alternative<int64_t>(item.data);
+      const uint64_t u = is_signed ? 0 : std::get<uint64_t>(item.data);
+      const int64_t v = is_signed ? std::get<int64_t>(item.data) : static_cast<int64_t>(u);
+      if ((!is_signed && u > static_cast<uint64_t>(max)) || v < min || v > max) {
+        fail("{}: metadata key '{}'[{}]: expected a value in [{}, {}], got {}", file_.path(),
+             key(name), i, min, max, is_signed ? fmt::format("{}", v) : fmt::format("{}", u));
+      }
+      out.push_back(v);
+    }
+    return out;
+  }
   const std::string& path() const { return file_.path(); }
 
  private:
@@ -45,10 +76,78 @@ class KeyReader {
 };
 
 constexpr int64_t kBig = 1 << 24;  // bound for widths and counts: far above any real checkpoint
+// PLE table rows: a row id is an int32 (the released table has ~45 million rows per layer).
+constexpr int64_t kPleRowLimit = std::numeric_limits<int32_t>::max();
 
 [[noreturn]] void inconsistent(const std::string& path, std::string_view what, int64_t expected,
                                int64_t actual) {
   fail("{}: {}: expected {}, got {}", path, what, expected, actual);
+}
+
+// The qwen4exp keys (hyper-connections, QSA, PLE), every one checked against what the forward
+// pass relies on.
+void read_qwen4exp(const KeyReader& k, Config& c) {
+  const std::string& path = k.path();
+  Qwen4ExpConfig& q = c.q4;
+  q.hc_count = k.get_int("hyper_connection.count", 2, 64);
+  q.hc_lowrank = k.get_int("hyper_connection.low_rank", 1, kBig);
+  q.indexer_heads = k.get_int("attention.indexer.head_count", 1, 4096);
+  q.indexer_head_dim = k.get_int("attention.indexer.key_length", 1, 4096);
+  q.indexer_budget = k.get_int("attention.indexer.top_k", 1, std::numeric_limits<int32_t>::max());
+  if (q.indexer_head_dim < c.n_rot || q.indexer_head_dim % 2 != 0) {
+    fail("{}: {} = {}: the indexer head must be even and hold the {} rotated dims", path,
+         k.key("attention.indexer.key_length"), q.indexer_head_dim, c.n_rot);
+  }
+  const std::vector<int64_t> ratios =
+      k.get_ints("attention.compress_ratios", c.n_layer, 0, 1 << 16, true);
+  if (ratios.size() < static_cast<size_t>(c.n_layer)) {
+    inconsistent(path, k.key("attention.compress_ratios") + " length", c.n_layer, ratios.size());
+  }
+  bool any = false;
+  for (int il = 0; il < c.n_layer; ++il) {
+    const int r = static_cast<int>(ratios[il]);
+    if (r > 0 && !c.is_attention_layer(il)) {
+      fail("{}: {}[{}] = {}: layer {} is a DeltaNet layer, only attention layers compress", path,
+           k.key("attention.compress_ratios"), il, r, il);
+    }
+    if (r > 0 && q.indexer_budget % r != 0) {
+      fail("{}: {} = {} is not a multiple of {}[{}] = {}", path, k.key("attention.indexer.top_k"),
+           q.indexer_budget, k.key("attention.compress_ratios"), il, r);
+    }
+    q.compress_ratios.push_back(r);
+    any = any || r > 0;
+  }
+  if (!any) {
+    log(LogLevel::kWarn,
+        "{}: every entry of '{}' is 0: QSA is off and attention is dense (a converter that read "
+        "layer_types through transformers writes this; the released model compresses)",
+        path, k.key("attention.compress_ratios"));
+  }
+
+  const std::vector<int64_t> ple_layers = k.get_ints("ple.layers", 0, 0, c.n_layer - 1, false);
+  if (ple_layers.empty()) return;
+  if (ple_layers.size() != 1) {
+    fail("{}: metadata key '{}' lists {} layers; one PLE layer is supported", path,
+         k.key("ple.layers"), ple_layers.size());
+  }
+  q.ple_layer = static_cast<int>(ple_layers[0]);
+  if (c.is_attention_layer(q.ple_layer)) {
+    fail("{}: {}[0] = {}: the PLE layer must be a DeltaNet layer", path, k.key("ple.layers"),
+         q.ple_layer);
+  }
+  q.ple_ngram = k.get_int("ple.ngram_size", 2, 8);
+  q.ple_heads_per_ngram = k.get_int("ple.heads_per_ngram", 1, 64);
+  q.ple_conv_kernel = k.get_int("ple.conv_kernel", 1, 16);
+  q.ple_head_dim = k.get_int("embedding_length_per_layer_input", 1, kBig);
+  q.ple_eos = k.get_int("ple.eos_token_id", 0, std::numeric_limits<int32_t>::max());
+  const size_t heads = static_cast<size_t>(q.ple_heads());
+  const std::vector<int64_t> multipliers = k.get_ints(
+      "ple.layer_multipliers", q.ple_ngram, 1, std::numeric_limits<int64_t>::max(), true);
+  q.ple_multipliers.assign(multipliers.begin(), multipliers.begin() + q.ple_ngram);
+  q.ple_head_offsets = k.get_ints("ple.head_offsets", heads, 0, kPleRowLimit, true);
+  q.ple_head_vocab = k.get_ints("ple.head_vocab_sizes", heads, 1, kPleRowLimit, true);
+  q.ple_head_offsets.resize(heads);
+  q.ple_head_vocab.resize(heads);
 }
 
 }  // namespace
@@ -61,9 +160,11 @@ Config Config::from_gguf(const gguf::File& file) {
     c.arch = Arch::kQwen35;
   } else if (*arch == "qwen35moe") {
     c.arch = Arch::kQwen35Moe;
+  } else if (*arch == "qwen4exp") {
+    c.arch = Arch::kQwen4Exp;
   } else {
-    fail("{}: general.architecture: expected 'qwen35' or 'qwen35moe', got '{}'", file.path(),
-         *arch);
+    fail("{}: general.architecture: expected 'qwen35', 'qwen35moe' or 'qwen4exp', got '{}'",
+         file.path(), *arch);
   }
   c.arch_name = *arch;
   const KeyReader k(file, *arch);
@@ -157,6 +258,8 @@ Config Config::from_gguf(const gguf::File& file) {
     c.n_ff = k.get_int("feed_forward_length", 1, kBig);
   }
 
+  if (c.is_qwen4exp()) read_qwen4exp(k, c);
+
   const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
   if (!embd) fail("{}: missing tensor 'token_embd.weight'", path);
   if (embd->n_dims != 2 || embd->ne[0] != c.n_embd) {
@@ -166,6 +269,24 @@ Config Config::from_gguf(const gguf::File& file) {
   if (embd->ne[1] > kBig)
     fail("{}: tensor 'token_embd.weight': {} rows is too many", path, embd->ne[1]);
   c.n_vocab = static_cast<int>(embd->ne[1]);
+  if (c.is_qwen4exp() && c.q4.ple_layer >= 0) {
+    const gguf::TensorInfo* t = file.find_tensor("per_layer_token_embd.weight");
+    if (!t) fail("{}: missing tensor 'per_layer_token_embd.weight' (the PLE n-gram table)", path);
+    if (t->n_dims != 2 || t->ne[0] != c.q4.ple_head_dim) {
+      fail("{}: tensor 'per_layer_token_embd.weight': expected shape [{}, rows], got {}", path,
+           c.q4.ple_head_dim, t->shape_string());
+    }
+    c.q4.ple_rows = t->ne[1];
+    for (int h = 0; h < c.q4.ple_heads(); ++h) {
+      if (c.q4.ple_head_offsets[h] + c.q4.ple_head_vocab[h] > c.q4.ple_rows) {
+        fail("{}: metadata keys '{}' / '{}': head {} covers rows [{}, {}) but "
+             "'per_layer_token_embd.weight' has {} rows",
+             path, k.key("ple.head_offsets"), k.key("ple.head_vocab_sizes"), h,
+             c.q4.ple_head_offsets[h], c.q4.ple_head_offsets[h] + c.q4.ple_head_vocab[h],
+             c.q4.ple_rows);
+      }
+    }
+  }
   return c;
 }
 

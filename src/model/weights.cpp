@@ -173,6 +173,67 @@ Qwen35MoeWeights bind_qwen35moe(const gguf::File& file, const Config& config) {
 
 namespace {
 
+HyperConnectionWeights bind_hc(const Binder& b, const Config& c, const std::string& prefix,
+                               bool inject) {
+  const int64_t e = c.n_embd, hc = c.q4.hc_count, wide = hc * e, lr = c.q4.hc_lowrank;
+  HyperConnectionWeights w;
+  w.norm = b.get(prefix + "_norm.weight", {e, hc}, Kind::kF32);
+  w.down = b.get(prefix + "_down.weight", {wide, lr}, Kind::kMatrix);
+  w.up = b.get(prefix + "_up.weight", {lr, wide}, Kind::kMatrix);
+  if (inject) w.inject = b.get(prefix + "_inject.weight", {wide, hc}, Kind::kMatrix);
+  return w;
+}
+
+}  // namespace
+
+Qwen4ExpWeights bind_qwen4exp(const gguf::File& file, const Config& c) {
+  const Binder b(file);
+  const int64_t e = c.n_embd, hc = c.q4.hc_count;
+  Qwen4ExpWeights w;
+  w.token_embd = b.get("token_embd.weight", {e, c.n_vocab}, Kind::kMatrix);
+  w.output = b.find("output.weight", {e, c.n_vocab}, Kind::kMatrix);
+  if (!w.output.present()) w.output = w.token_embd;
+  w.head = bind_hc(b, c, "output_hc", false);
+  if (c.q4.ple_layer >= 0) {
+    w.ple_table =
+        b.get("per_layer_token_embd.weight", {c.q4.ple_head_dim, c.q4.ple_rows}, Kind::kMatrix);
+  }
+  for (int il = 0; il < c.n_layer; ++il) {
+    Qwen4ExpLayer layer;
+    layer.hc_attn = bind_hc(b, c, blk(il, "hc_attn"), true);
+    layer.hc_ffn = bind_hc(b, c, blk(il, "hc_ffn"), true);
+    if (c.is_attention_layer(il)) {
+      layer.mixer = bind_attention(b, c, il);
+      if (c.is_qsa_layer(il)) {
+        const int64_t d = c.q4.indexer_head_dim;
+        layer.indexer.q =
+            b.get(blk(il, "indexer.q_proj.weight"), {e, c.q4.indexer_heads * d}, Kind::kMatrix);
+        layer.indexer.k = b.get(blk(il, "indexer.k_proj.weight"), {e, d}, Kind::kMatrix);
+        layer.indexer.q_norm = b.get(blk(il, "indexer.q_norm.weight"), {d}, Kind::kF32);
+        layer.indexer.k_norm = b.get(blk(il, "indexer.k_norm.weight"), {d}, Kind::kF32);
+      }
+    } else {
+      layer.mixer = bind_deltanet(b, c, il);
+    }
+    if (il == c.q4.ple_layer) {
+      const int64_t ple_dim = c.q4.ple_dim();
+      PleWeights p;
+      p.key = b.get(blk(il, "ple_key.weight"), {ple_dim, hc * e}, Kind::kMatrix);
+      p.value = b.get(blk(il, "ple_value.weight"), {ple_dim, e}, Kind::kMatrix);
+      p.norm_key = b.get(blk(il, "ple_norm_key.weight"), {e, hc}, Kind::kF32);
+      p.norm_query = b.get(blk(il, "ple_norm_query.weight"), {e, hc}, Kind::kF32);
+      p.norm_conv = b.get(blk(il, "ple_norm_conv.weight"), {e, hc}, Kind::kF32);
+      p.conv = b.get(blk(il, "ple_conv1d.weight"), {c.q4.ple_conv_kernel, hc * e}, Kind::kF32);
+      layer.ple = std::move(p);
+    }
+    layer.ffn = bind_moe_ffn(b, c, il);
+    w.layers.push_back(std::move(layer));
+  }
+  return w;
+}
+
+namespace {
+
 void visit(DenseFfnWeights& f, const std::function<void(Weight&)>& fn) {
   for (Weight* w : {&f.gate, &f.up, &f.down}) fn(*w);
 }
@@ -223,6 +284,33 @@ void for_each_weight(Qwen35Weights& w, const std::function<void(Weight&)>& fn) {
 }
 void for_each_weight(Qwen35MoeWeights& w, const std::function<void(Weight&)>& fn) {
   visit_model(w, fn);
+}
+
+void for_each_weight(Qwen4ExpWeights& m, const std::function<void(Weight&)>& fn) {
+  auto hc = [&](HyperConnectionWeights& h) {
+    for (Weight* w : {&h.norm, &h.down, &h.up, &h.inject}) {
+      if (w->present()) fn(*w);
+    }
+  };
+  fn(m.token_embd);
+  fn(m.output);
+  hc(m.head);
+  for (auto& layer : m.layers) {
+    hc(layer.hc_attn);
+    hc(layer.hc_ffn);
+    std::visit([&](auto& mixer) { visit(mixer, fn); }, layer.mixer);
+    for (Weight* w : {&layer.indexer.q, &layer.indexer.k, &layer.indexer.q_norm,
+                      &layer.indexer.k_norm}) {
+      if (w->present()) fn(*w);
+    }
+    if (layer.ple) {
+      auto& p = *layer.ple;
+      for (Weight* w : {&p.key, &p.value, &p.norm_key, &p.norm_query, &p.norm_conv, &p.conv}) {
+        fn(*w);
+      }
+    }
+    visit(layer.ffn, fn);
+  }
 }
 
 }  // namespace qwenrt::model

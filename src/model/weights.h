@@ -86,13 +86,63 @@ struct ModelWeights {
 using Qwen35Weights = ModelWeights<DenseFfnWeights>;
 using Qwen35MoeWeights = ModelWeights<MoeFfnWeights>;
 
+// ---- qwen4exp (Qwen3.8-Flash-Next) ----
+
+// A hyper-connection module: the grouped norm of the hc residual streams, the low-rank input
+// mixer and (except in the final mixer) the per-stream injection weights. The norm gammas are
+// stored folded to (1 + w).
+struct HyperConnectionWeights {
+  Weight norm;    // hc_*_norm [n_embd, hc] F32: one gamma row per stream
+  Weight down;    // hc_*_down [hc * n_embd, lowrank]
+  Weight up;      // hc_*_up   [lowrank, hc * n_embd]
+  Weight inject;  // hc_*_inject [hc * n_embd, hc] (absent in the final mixer)
+};
+
+// The QSA indexer of an attention layer (one key head; its keys are cached raw).
+struct IndexerWeights {
+  Weight q;       // indexer.q_proj [n_embd, indexer_heads * indexer_head_dim]
+  Weight k;       // indexer.k_proj [n_embd, indexer_head_dim]
+  Weight q_norm;  // indexer.q_norm [indexer_head_dim] F32 (folded 1 + w)
+  Weight k_norm;  // indexer.k_norm [indexer_head_dim] F32 (folded 1 + w)
+};
+
+// The PLE layer's own tensors (the n-gram table is the model's per_layer_token_embd).
+struct PleWeights {
+  Weight key;         // ple_key   [ple_dim, hc * n_embd]
+  Weight value;       // ple_value [ple_dim, n_embd]
+  Weight norm_key;    // ple_norm_key   [n_embd, hc] F32
+  Weight norm_query;  // ple_norm_query [n_embd, hc] F32
+  Weight norm_conv;   // ple_norm_conv  [n_embd, hc] F32
+  Weight conv;        // ple_conv1d [conv_kernel, hc * n_embd] F32
+};
+
+struct Qwen4ExpLayer {
+  HyperConnectionWeights hc_attn;  // before the token mixer
+  HyperConnectionWeights hc_ffn;   // before the MoE
+  std::variant<DeltaNetWeights, AttentionWeights> mixer;
+  IndexerWeights indexer;          // QSA attention layers only
+  std::optional<PleWeights> ple;   // the PLE layer only
+  MoeFfnWeights ffn;
+};
+
+struct Qwen4ExpWeights {
+  Weight token_embd;           // [n_embd, n_vocab]
+  Weight output;               // [n_embd, n_vocab]; token_embd when absent
+  Weight ple_table;            // per_layer_token_embd [ple_head_dim, ple_rows] (PLE files only)
+  HyperConnectionWeights head;  // output_hc_norm / _down / _up: the final mixer (no output_norm)
+  std::vector<Qwen4ExpLayer> layers;
+};
+
 // Binds and checks every trunk tensor, and the first MTP block when the file declares and holds
 // one. Error: "<file>: tensor 'blk.3.attn_q.weight': expected shape [256, 1024], got [256, 512]".
 Qwen35Weights bind_qwen35(const gguf::File& file, const Config& config);
 Qwen35MoeWeights bind_qwen35moe(const gguf::File& file, const Config& config);
+Qwen4ExpWeights bind_qwen4exp(const gguf::File& file, const Config& config);
 
 // Calls fn on every tensor the model holds (to place them on a backend).
 void for_each_weight(Qwen35Weights& w, const std::function<void(Weight&)>& fn);
 void for_each_weight(Qwen35MoeWeights& w, const std::function<void(Weight&)>& fn);
+// Every tensor but the PLE table, which stays in the mapped file: its rows are read on demand.
+void for_each_weight(Qwen4ExpWeights& w, const std::function<void(Weight&)>& fn);
 
 }  // namespace qwenrt::model

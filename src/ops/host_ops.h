@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/ref/kernels.h"
 
 namespace qwenrt::ops {
 
@@ -51,6 +52,30 @@ class HostOps : public Ops {
     for (int64_t i = 0; i < step_.n_output_rows; ++i)
       std::memcpy(out + i * dim, x + step_.output_rows[i] * dim, dim * 4);
   }
+
+  // qwen4exp's own ops, on the reference kernels for every host backend.
+  void rmsnorm_grouped(const float* x, const Weight& weight, float* out, int64_t rows, int groups,
+                       int64_t dim, float eps) override {
+    ref::rmsnorm_grouped(x, ref::f32_data(weight), out, rows, groups, dim, eps);
+  }
+  void silu_scaled(const float* x, float scale, float* out, int64_t n) override {
+    ref::silu_scaled(x, scale, out, n);
+  }
+  void hc_mix(const float* xn, const float* gate, float* out, int64_t n, int hc,
+              int64_t dim) override {
+    ref::hc_mix(xn, gate, out, n, hc, dim);
+  }
+  void hc_inject(float* streams, const float* block, const float* inject, int64_t n, int hc,
+                 int64_t dim) override {
+    ref::hc_inject(streams, block, inject, n, hc, dim);
+  }
+  void ple_gate(const float* key, const float* query, const float* value, float* out, int64_t n,
+                int hc, int64_t dim) override {
+    ref::ple_gate(key, query, value, out, n, hc, dim);
+  }
+  void ple_embed(const PleEmbedArgs& a) override { ref::ple_embed_spans(step_, a); }
+  void ple_conv(const PleConvArgs& a) override { ref::ple_conv_spans(step_, a); }
+  void qsa_attention(const QsaArgs& a) override { ref::qsa_attention_spans(step_, a); }
 
  protected:
   StepLayout step_;

@@ -2,6 +2,8 @@
 // backend kernel is tested against, and what ref and cpu run.
 #include "ops/ops.h"
 
+#include "core/error.h"
+
 namespace qwenrt::ops {
 
 void Ops::add_rmsnorm(float* x, const float* delta, const Weight& weight, float* out, int64_t rows,
@@ -23,6 +25,32 @@ void Ops::ffn_swiglu(const Weight& gate, const Weight& up, const Weight& down, c
   matmul(up, x, u, n);
   silu_mul(g, u, g, n * ff);
   matmul(down, g, out, n);
+}
+
+// The qwen4exp entries have no default: a backend that runs the architecture overrides them.
+void Ops::rmsnorm_grouped(const float*, const Weight&, float*, int64_t, int, int64_t, float) {
+  fail("the {} backend has no rmsnorm_grouped (qwen4exp)", name());
+}
+void Ops::silu_scaled(const float*, float, float*, int64_t) {
+  fail("the {} backend has no silu_scaled (qwen4exp)", name());
+}
+void Ops::hc_mix(const float*, const float*, float*, int64_t, int, int64_t) {
+  fail("the {} backend has no hc_mix (qwen4exp)", name());
+}
+void Ops::hc_inject(float*, const float*, const float*, int64_t, int, int64_t) {
+  fail("the {} backend has no hc_inject (qwen4exp)", name());
+}
+void Ops::ple_gate(const float*, const float*, const float*, float*, int64_t, int, int64_t) {
+  fail("the {} backend has no ple_gate (qwen4exp)", name());
+}
+void Ops::ple_embed(const PleEmbedArgs&) {
+  fail("the {} backend has no ple_embed (qwen4exp)", name());
+}
+void Ops::ple_conv(const PleConvArgs&) {
+  fail("the {} backend has no ple_conv (qwen4exp)", name());
+}
+void Ops::qsa_attention(const QsaArgs&) {
+  fail("the {} backend has no qsa_attention (qwen4exp)", name());
 }
 
 }  // namespace qwenrt::ops

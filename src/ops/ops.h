@@ -115,6 +115,30 @@ class Ops {
   virtual void moe(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert,
                    int k) = 0;
 
+  // ---- qwen4exp (Qwen3.8-Flash-Next) ----
+  // Host backends run these on the reference kernels; a backend without them fails naming the op.
+  // out [rows, groups * dim] = per group g: rmsnorm(x[r, g, :]) * weight[g, :] (weight ggml
+  // [dim, groups] F32). out may be x.
+  virtual void rmsnorm_grouped(const float* x, const Weight& weight, float* out, int64_t rows,
+                               int groups, int64_t dim, float eps);
+  // out = silu(scale * x), n floats (out may be x).
+  virtual void silu_scaled(const float* x, float scale, float* out, int64_t n);
+  // Hyper-connection input mix: out [n, dim] = mean over s < hc of sigmoid(gate[r, s, :]) *
+  // xn[r, s, :], for the normed streams xn and mixer logits gate [n, hc, dim].
+  virtual void hc_mix(const float* xn, const float* gate, float* out, int64_t n, int hc,
+                      int64_t dim);
+  // Hyper-connection injection: streams[r, s, :] += block[r, :] * 2 sigmoid(inject[r, s] / hc),
+  // streams [n, hc, dim], inject [n, hc] (logits).
+  virtual void hc_inject(float* streams, const float* block, const float* inject, int64_t n,
+                         int hc, int64_t dim);
+  // PLE gate: per stream s, g = (key[r, s, :] . query[r, s, :]) / sqrt(dim), then
+  // out[r, s, :] = sigmoid(sign(g) sqrt(max(|g|, 1e-6))) * value[r, :].
+  virtual void ple_gate(const float* key, const float* query, const float* value, float* out,
+                        int64_t n, int hc, int64_t dim);
+  virtual void ple_embed(const PleEmbedArgs& args);
+  virtual void ple_conv(const PleConvArgs& args);
+  virtual void qsa_attention(const QsaArgs& args);
+
   // ---- The end of a step ----
   // Samples one token for each of the step's output rows from logits [n_output_rows, n_vocab]
   // with rows[i]'s settings; out (host) gets the ids, their log-probabilities and the top n_top

@@ -78,23 +78,35 @@ struct StepLayout {
 
 // The KV pool of one attention layer in backend memory: k and v [n_pages, page_size, kv_dim]
 // (kv_dim = n_head_kv * head_dim). Pages are allocated to slots by state::StateStore.
+// A QSA layer's pool also holds the indexer's raw keys on the same pages:
+// idx [n_pages, page_size, idx_dim].
 struct KvLayer {
   float* k = nullptr;
   float* v = nullptr;
   int page_size = 0;
   int64_t kv_dim = 0;
+  float* idx = nullptr;
+  int64_t idx_dim = 0;
 };
 
 // The recurrent state of one DeltaNet layer in backend memory, one block per slot:
 // conv [n_slots, K-1, C] (oldest input first), delta [n_slots, Hv, D (key), D (value)].
 // The history (history_rows > 0): the state after row r of a keep_states span, r < history_rows,
 // conv_history [n_slots, history_rows, K-1, C], delta_history [n_slots, history_rows, Hv, D, D].
+// The PLE layer (qwen4exp) adds its own per-slot state: ple_tokens [n_slots, ngram - 1] (the
+// last ngram - 1 token ids before the next step, as floats, oldest first) and ple_conv
+// [n_slots, (kernel - 1) * dilation, C] (its dilated conv's last inputs, oldest first), with
+// histories [n_slots, history_rows, ...] like conv and delta.
 struct RecurrentLayer {
   float* conv = nullptr;
   float* delta = nullptr;
   float* conv_history = nullptr;
   float* delta_history = nullptr;
   int history_rows = 0;
+  float* ple_tokens = nullptr;
+  float* ple_conv = nullptr;
+  float* ple_tokens_history = nullptr;
+  float* ple_conv_history = nullptr;
 };
 
 // Gated attention's core for every span of the step (SPEC: gated attention, after the q/k norms
@@ -114,7 +126,7 @@ struct AttentionArgs {
 // The DeltaNet core after the projections, for every span of the step (SPEC: Gated DeltaNet
 // steps 2-6): conv1d + SiLU over the fused q|k|v stream with per-slot conv state, split, L2 norm
 // of q and k per K head, gates, the gated delta rule with per-slot state, then per V head
-// rmsnorm(o, norm) * silu(z).
+// rmsnorm(o, norm) * silu(z) (sigmoid(z) with sigmoid_gate: qwen4exp).
 struct DeltaNetArgs {
   const float* qkv;       // [n, C = 2 Hk D + Hv D]: the attn_qkv projection
   const float* z;         // [n, Hv D]: the attn_gate projection
@@ -128,6 +140,55 @@ struct DeltaNetArgs {
   float* out;  // [n, Hv D]
   int n_k_heads, n_v_heads, head_dim;
   float eps;  // rms_eps: the L2 norms' floor and the gated norm's epsilon
+  bool sigmoid_gate = false;
+};
+
+// Qwen Sparse Attention (qwen4exp) for every span of the step: gated attention's core (as
+// AttentionArgs) restricted, per query, to the keys its indexer selects. The indexer's raw keys
+// index_k go into the layer's idx pages first. For a query at position p, the complete blocks of
+// `ratio` positions in [0, p] get a pooled key: rmsnorm(mean of their raw keys, k_norm), rotated
+// (NeoX, n_rot dims) at the block's first position; a block scores
+// sum over indexer heads of relu(q_h . key) / sqrt(dim); the budget / ratio best blocks (ties to
+// the lower block) plus the incomplete tail are the keys the query attends to. While p + 1 <
+// budget + ratio every key is kept: dense attention, exactly.
+struct QsaArgs {
+  AttentionArgs attn;
+  const float* index_q;  // [n, index_heads, index_dim]: after q_norm and RoPE at the positions
+  const float* index_k;  // [n, index_dim]: raw
+  const Weight& k_norm;  // [index_dim] F32
+  int index_heads, index_dim;
+  int ratio, budget;
+  int n_rot;
+  float rope_theta;
+  float eps;
+};
+
+// The PLE n-gram embedding (qwen4exp) of the step's tokens: per row, the token and its ngram - 1
+// predecessors in its sequence (the slot's ple_tokens before the span), each predecessor read as
+// `eos` once the window reaches the sequence start or an eos token (the row's own token is never
+// cut). For n = 2..ngram, hash_n = XOR_{j < n} ctx[j] * multipliers[j] (uint64), and head
+// h = (n - 2) * heads_per_ngram + g reads row hash_n % vocab[h] + offsets[h] of the table.
+// out [n, heads * head_dim]: the rows in head order. Updates the slot's ple_tokens.
+struct PleEmbedArgs {
+  const Weight& table;  // per_layer_token_embd [head_dim, rows]
+  int ngram, heads_per_ngram;
+  int32_t eos;
+  const uint64_t* multipliers;  // [ngram]
+  const int64_t* offsets;       // [heads]
+  const int64_t* vocab;         // [heads]
+  const RecurrentLayer& state;
+  float* out;
+};
+
+// The PLE layer's causal depthwise conv1d, dilated, + SiLU (qwen4exp), for every span:
+// out [n, C] = silu(sum_k kernel[c][k] * input[t - (K - 1 - k) * dilation][c]) over the slot's
+// ple_conv history followed by x; updates ple_conv.
+struct PleConvArgs {
+  const float* x;        // [n, C]
+  const Weight& kernel;  // [K, C] F32
+  int dilation;
+  const RecurrentLayer& state;
+  float* out;
 };
 
 // Sampling of one output row (sample/sampler.h resolves these from a request; its semantics, in

@@ -68,6 +68,11 @@ StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, 
   conv_floats_ = int64_t{config.conv_kernel - 1} * config.conv_channels();
   delta_floats_ = int64_t{config.ssm_v_heads} * config.ssm_head_dim * config.ssm_head_dim;
   const int64_t kv_dim = int64_t{config.n_head_kv} * config.head_dim;
+  if (config.is_qwen4exp() && config.q4.ple_layer >= 0) {
+    ple_token_floats_ = config.q4.ple_ngram - 1;
+    ple_conv_floats_ =
+        int64_t{config.q4.ple_conv_history()} * config.q4.hc_count * config.n_embd;
+  }
   auto buffer = [&](int64_t floats) {
     buffers_.push_back(backend_.alloc_buffer(floats * int64_t{sizeof(float)}));
     return static_cast<float*>(buffers_.back());
@@ -77,6 +82,10 @@ StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, 
       const int64_t floats = n_pages_ * page_size * kv_dim;
       kv_[il] = {
           .k = buffer(floats), .v = buffer(floats), .page_size = page_size, .kv_dim = kv_dim};
+      if (il < config.n_layer && config.is_qsa_layer(il)) {
+        kv_[il].idx_dim = config.q4.indexer_head_dim;
+        kv_[il].idx = buffer(n_pages_ * page_size * kv_[il].idx_dim);
+      }
       tracks_[il >= config.n_layer ? 1 : 0].layers.push_back(il);
     } else {
       recurrent_[il] = {.conv = buffer(n_slots * conv_floats_),
@@ -85,6 +94,15 @@ StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, 
         recurrent_[il].conv_history = buffer(int64_t{n_slots} * history_rows * conv_floats_);
         recurrent_[il].delta_history = buffer(int64_t{n_slots} * history_rows * delta_floats_);
         recurrent_[il].history_rows = history_rows;
+      }
+      if (config.is_qwen4exp() && il == config.q4.ple_layer) {
+        ops::RecurrentLayer& r = recurrent_[il];
+        r.ple_tokens = buffer(n_slots * ple_token_floats_);
+        r.ple_conv = buffer(n_slots * ple_conv_floats_);
+        if (history_rows > 0) {
+          r.ple_tokens_history = buffer(int64_t{n_slots} * history_rows * ple_token_floats_);
+          r.ple_conv_history = buffer(int64_t{n_slots} * history_rows * ple_conv_floats_);
+        }
       }
     }
   }
@@ -155,7 +173,20 @@ void StateStore::copy_page(const TrackState& t, int32_t from, int32_t to) {
     const int64_t floats = int64_t{page_size_} * kv.kv_dim;
     backend_.copy(kv.k + to * floats, kv.k + from * floats, floats * int64_t{sizeof(float)});
     backend_.copy(kv.v + to * floats, kv.v + from * floats, floats * int64_t{sizeof(float)});
+    if (kv.idx) {
+      const int64_t idx = int64_t{page_size_} * kv.idx_dim;
+      backend_.copy(kv.idx + to * idx, kv.idx + from * idx, idx * int64_t{sizeof(float)});
+    }
   }
+}
+
+StateStore::Blocks StateStore::blocks(const ops::RecurrentLayer& r) const {
+  Blocks b{.items = {Block{r.conv, r.conv_history, conv_floats_},
+                     Block{r.delta, r.delta_history, delta_floats_},
+                     Block{r.ple_tokens, r.ple_tokens_history, ple_token_floats_},
+                     Block{r.ple_conv, r.ple_conv_history, ple_conv_floats_}},
+           .n = r.ple_tokens ? 4 : 2};
+  return b;
 }
 
 void StateStore::release_pages(int slot, Track track) {
@@ -174,8 +205,8 @@ void StateStore::reset(int slot) {
   release_pages(slot, Track::kMtp);
   for (const ops::RecurrentLayer& r : recurrent_) {
     if (!r.conv) continue;
-    backend_.fill_zero(r.conv + slot * conv_floats_, conv_floats_ * int64_t{sizeof(float)});
-    backend_.fill_zero(r.delta + slot * delta_floats_, delta_floats_ * int64_t{sizeof(float)});
+    for (const Block& b : blocks(r))
+      backend_.fill_zero(b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
   }
 }
 
@@ -226,17 +257,20 @@ void StateStore::restore_history(int slot, int row) {
   const int64_t h = int64_t{slot} * history_rows_ + row;
   for (const ops::RecurrentLayer& r : recurrent_) {
     if (!r.conv) continue;
-    backend_.copy(r.conv + slot * conv_floats_, r.conv_history + h * conv_floats_,
-                  conv_floats_ * int64_t{sizeof(float)});
-    backend_.copy(r.delta + slot * delta_floats_, r.delta_history + h * delta_floats_,
-                  delta_floats_ * int64_t{sizeof(float)});
+    for (const Block& b : blocks(r)) {
+      backend_.copy(b.live + slot * b.floats, b.history + h * b.floats,
+                    b.floats * int64_t{sizeof(float)});
+    }
   }
 }
 
 int64_t StateStore::recurrent_bytes() const {
-  int64_t layers = 0;
-  for (const auto& r : recurrent_) layers += r.conv ? 1 : 0;
-  return layers * (conv_floats_ + delta_floats_) * int64_t{sizeof(float)};
+  int64_t floats = 0;
+  for (const auto& r : recurrent_) {
+    if (!r.conv) continue;
+    for (const Block& b : blocks(r)) floats += b.floats;
+  }
+  return floats * int64_t{sizeof(float)};
 }
 
 Snapshot StateStore::snapshot(int slot) {
@@ -249,10 +283,10 @@ Snapshot StateStore::snapshot(int slot) {
     auto* dst = static_cast<float*>(s.recurrent_);
     for (const auto& r : recurrent_) {
       if (!r.conv) continue;
-      backend_.copy(dst, r.conv + slot * conv_floats_, conv_floats_ * int64_t{sizeof(float)});
-      dst += conv_floats_;
-      backend_.copy(dst, r.delta + slot * delta_floats_, delta_floats_ * int64_t{sizeof(float)});
-      dst += delta_floats_;
+      for (const Block& b : blocks(r)) {
+        backend_.copy(dst, b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
+        dst += b.floats;
+      }
     }
   }
   for (int ti = 0; ti < 2; ++ti) {
@@ -274,19 +308,19 @@ void StateStore::restore(int slot, const Snapshot& s) {
     const auto* src = static_cast<const float*>(s.recurrent_);
     for (const auto& r : recurrent_) {
       if (!r.conv) continue;
-      backend_.copy(r.conv + slot * conv_floats_, src, conv_floats_ * int64_t{sizeof(float)});
-      src += conv_floats_;
-      backend_.copy(r.delta + slot * delta_floats_, src, delta_floats_ * int64_t{sizeof(float)});
-      src += delta_floats_;
+      for (const Block& b : blocks(r)) {
+        backend_.copy(b.live + slot * b.floats, src, b.floats * int64_t{sizeof(float)});
+        src += b.floats;
+      }
     }
   } else if (s.on_host()) {
     const float* src = s.host_.data();
     for (const auto& r : recurrent_) {
       if (!r.conv) continue;
-      backend_.upload(src, r.conv + slot * conv_floats_, conv_floats_);
-      src += conv_floats_;
-      backend_.upload(src, r.delta + slot * delta_floats_, delta_floats_);
-      src += delta_floats_;
+      for (const Block& b : blocks(r)) {
+        backend_.upload(src, b.live + slot * b.floats, b.floats);
+        src += b.floats;
+      }
     }
   }
   for (int ti = 0; ti < 2; ++ti) {
@@ -349,7 +383,7 @@ int64_t StateStore::free_pages(Track track) const {
 int64_t StateStore::page_bytes(Track track) const {
   int64_t bytes = 0;
   for (int il : tracks_[int(track)].layers)
-    bytes += 2 * int64_t{page_size_} * kv_[il].kv_dim * int64_t{sizeof(float)};
+    bytes += (2 * kv_[il].kv_dim + kv_[il].idx_dim) * page_size_ * int64_t{sizeof(float)};
   return bytes;
 }
 

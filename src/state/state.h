@@ -11,6 +11,7 @@
 // restore copies it back and sets the KV lengths (truncating).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -138,6 +139,21 @@ class StateStore {
   int64_t max_pages_;                           // per slot
   int64_t n_pages_;                             // per pool
   int64_t conv_floats_ = 0, delta_floats_ = 0;  // per slot per DeltaNet layer
+  // Per slot, the PLE layer only (qwen4exp): its token context and its conv inputs.
+  int64_t ple_token_floats_ = 0, ple_conv_floats_ = 0;
+  // The per-slot blocks of one recurrent layer: (buffer, history buffer, floats per slot).
+  struct Block {
+    float* live;
+    float* history;
+    int64_t floats;
+  };
+  struct Blocks {
+    std::array<Block, 4> items;
+    int n;
+    const Block* begin() const { return items.data(); }
+    const Block* end() const { return items.data() + n; }
+  };
+  Blocks blocks(const ops::RecurrentLayer& r) const;
   int history_rows_ = 0;
   std::vector<ops::KvLayer> kv_;                // per state layer (empty for DeltaNet)
   std::vector<ops::RecurrentLayer> recurrent_;  // per state layer (empty for attention)

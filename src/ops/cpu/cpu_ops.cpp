@@ -180,7 +180,8 @@ class CpuOps final : public HostOps {
   void deltanet(const DeltaNetArgs& a) override {
     // The kernels' modes: chunked from 16 tokens (recurrent below), which equals either form;
     // a forced form (tests, `logits --deltanet`) runs the reference.
-    if (a.head_dim % 16 != 0 || a.conv.view.ne[0] > 8 ||
+    // qwen4exp's sigmoid output gate has no fast kernel yet.
+    if (a.head_dim % 16 != 0 || a.conv.view.ne[0] > 8 || a.sigmoid_gate ||
         step_.deltanet_mode != DeltaNetMode::kAuto) {
       return ref::deltanet_spans(step_, a);
     }

@@ -119,7 +119,11 @@ void deltanet_spans(const StepLayout& step, const DeltaNetArgs& a) {
     }
   }
   rmsnorm(o.data(), f32_data(a.norm), o.data(), n * Hv, D, a.eps);
-  silu_mul(a.z, o.data(), a.out, n * nv);  // silu here (sigmoid in attention)
+  if (a.sigmoid_gate) {
+    sigmoid_mul(o.data(), a.z, nv, a.out, n, nv);  // qwen4exp
+  } else {
+    silu_mul(a.z, o.data(), a.out, n * nv);  // silu here (sigmoid in attention)
+  }
 }
 
 void sample_rows(const StepLayout& step, const float* logits, int64_t n_vocab,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/weight.h"
 #include "ops/types.h"
@@ -54,6 +55,24 @@ void moe_experts(const MoeWeights& w, const float* x, const int32_t* ids, const 
 // + sum over the top-k routed experts of w_j expert_j(x).
 void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert, int k);
 
+// ---- qwen4exp (ops.h states what each computes) ----
+void rmsnorm_grouped(const float* x, const float* weight, float* out, int64_t rows, int groups,
+                     int64_t dim, float eps);
+void silu_scaled(const float* x, float scale, float* out, int64_t n);
+void hc_mix(const float* xn, const float* gate, float* out, int64_t n, int hc, int64_t dim);
+void hc_inject(float* streams, const float* block, const float* inject, int64_t n, int hc,
+               int64_t dim);
+void ple_gate(const float* key, const float* query, const float* value, float* out, int64_t n,
+              int hc, int64_t dim);
+// The n-gram table rows of one token with its predecessors ctx [ngram] (ctx[0] the token,
+// already cut at eos): rows [heads] (ops/types.h PleEmbedArgs).
+void ple_rows(const PleEmbedArgs& args, const int64_t* ctx, int64_t* rows);
+// The QSA selection of one query (types.h QsaArgs): the positions of [0, n_kv) it attends to,
+// ascending, from its indexer query q [heads, dim] and the pooled block keys [n_blocks, dim]
+// (the complete blocks of [0, n_kv)).
+void qsa_select(const float* q, const float* pooled, int64_t n_kv, int heads, int dim, int ratio,
+                int budget, std::vector<int64_t>& positions);
+
 // The data of an F32 tensor; Error naming it otherwise.
 const float* f32_data(const Weight& w);
 
@@ -61,6 +80,9 @@ const float* f32_data(const Weight& w);
 // definition of RefOps' blocks and the fallback of a fast backend that has no kernel for a case.
 void attention_spans(const StepLayout& step, const AttentionArgs& args);
 void deltanet_spans(const StepLayout& step, const DeltaNetArgs& args);
+void qsa_attention_spans(const StepLayout& step, const QsaArgs& args);
+void ple_embed_spans(const StepLayout& step, const PleEmbedArgs& args);
+void ple_conv_spans(const StepLayout& step, const PleConvArgs& args);
 // One sampled token per output row of the step (ref/sampling.h semantics).
 void sample_rows(const StepLayout& step, const float* logits, int64_t n_vocab,
                  const SamplingRow* rows, int n_top, SampledToken* out);
