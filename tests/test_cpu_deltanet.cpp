@@ -82,6 +82,7 @@ struct DeltaCase {
   std::string kernel;  // conv | recurrent | chunked | core
   int hk, hv, d;
   std::vector<int> counts;  // span lengths
+  bool sigmoid_gate = false;  // qwen4exp's output gate
 };
 
 class CpuDeltaNet : public ::testing::TestWithParam<std::tuple<DeltaCase, SimdLevel>> {
@@ -200,7 +201,8 @@ void run_core(const DeltaCase& c, std::mt19937_64& rng) {
                                 .n_v_heads = hv,
                                 .head_dim = D,
                                 .conv_state = conv.data(),
-                                .delta_state = delta.data()};
+                                .delta_state = delta.data(),
+                                .sigmoid_gate = c.sigmoid_gate};
   const int n_spans = static_cast<int>(spans.size());
   const bool all_decode =
       std::all_of(c.counts.begin(), c.counts.end(), [](int x) { return x == 1; });
@@ -243,7 +245,11 @@ void run_core(const DeltaCase& c, std::mt19937_64& rng) {
                                 .n_v_heads = hv,
                                 .head_dim = D});
     ref::rmsnorm(o.data(), norm.data(), o.data(), m * hv, D, kEps);
-    ref::silu_mul(z.data() + s.begin * nv, o.data(), want.data() + s.begin * nv, m * nv);
+    if (c.sigmoid_gate) {
+      ref::sigmoid_mul(o.data(), z.data() + s.begin * nv, nv, want.data() + s.begin * nv, m, nv);
+    } else {
+      ref::silu_mul(z.data() + s.begin * nv, o.data(), want.data() + s.begin * nv, m * nv);
+    }
   }
   const double eo = rel_l2(out, want), ed = rel_l2(delta, delta_ref);
   EXPECT_LT(eo, 1e-5);
@@ -280,7 +286,9 @@ INSTANTIATE_TEST_SUITE_P(
             DeltaCase{"core", 2, 4, 16, {1}}, DeltaCase{"core", 2, 6, 32, {1, 1, 1}},
             DeltaCase{"core", 16, 32, 128, {1, 1}}, DeltaCase{"prefill", 2, 4, 16, {65}},
             DeltaCase{"prefill", 2, 6, 32, {1, 63, 1, 200}}, DeltaCase{"prefill", 2, 4, 16, {1, 1}},
-            DeltaCase{"prefill", 16, 32, 128, {70, 1}}),
+            DeltaCase{"prefill", 16, 32, 128, {70, 1}},
+            DeltaCase{"core", 2, 4, 32, {1, 1}, true},
+            DeltaCase{"prefill", 2, 6, 32, {1, 63, 1, 200}, true}),
         ::testing::ValuesIn(supported_simd_levels())));
 
 }  // namespace

@@ -180,8 +180,7 @@ class CpuOps final : public HostOps {
   void deltanet(const DeltaNetArgs& a) override {
     // The kernels' modes: chunked from 16 tokens (recurrent below), which equals either form;
     // a forced form (tests, `logits --deltanet`) runs the reference.
-    // qwen4exp's sigmoid output gate has no fast kernel yet.
-    if (a.head_dim % 16 != 0 || a.conv.view.ne[0] > 8 || a.sigmoid_gate ||
+    if (a.head_dim % 16 != 0 || a.conv.view.ne[0] > 8 ||
         step_.deltanet_mode != DeltaNetMode::kAuto) {
       return ref::deltanet_spans(step_, a);
     }
@@ -198,7 +197,8 @@ class CpuOps final : public HostOps {
                                        .delta_state = a.state.delta,
                                        .conv_history = a.state.conv_history,
                                        .delta_history = a.state.delta_history,
-                                       .history_rows = a.state.history_rows};
+                                       .history_rows = a.state.history_rows,
+                                       .sigmoid_gate = a.sigmoid_gate};
     float* workspace = alloc(cpu::deltanet_prefill_workspace_floats(layer, step_.n));
     cpu::deltanet_prefill(layer, spans_, step_.n_spans, a.qkv, a.z, a.alpha, a.beta, a.out,
                           workspace, pool_);

@@ -55,6 +55,7 @@ struct DeltaNetLayerArgs {
   float* conv_history = nullptr;   // [n_slots, history_rows, K-1, C]
   float* delta_history = nullptr;  // [n_slots, history_rows, Hv, D, D]
   int history_rows = 0;
+  bool sigmoid_gate = false;  // the output gate: sigmoid(z) (qwen4exp), else silu(z)
 };
 
 // The DeltaNet core for a batch of single-token spans (every span's count is 1), fused: per row
