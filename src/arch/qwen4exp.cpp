@@ -159,6 +159,10 @@ class Qwen4Exp final : public Model {
       ops.hc_inject(streams, out, in.inject, n, hc, e);
       in = hc_input(ctx, layer.hc_ffn, streams, n);
       ops.moe(layer.ffn, in.mixed, out, n, c.n_expert, c.n_expert_used);
+      // Router lookahead: the next layer's router on this layer's MoE input names the experts it
+      // will likely ask for; a streaming backend reads them during the next token mixer.
+      if (il + 1 < c.n_layer)
+        ops.moe_prefetch(weights_.layers[il + 1].ffn, in.mixed, n, c.n_expert, c.n_expert_used);
       ops.hc_inject(streams, out, in.inject, n, hc, e);
       ops.workspace_release(mark);
     }

@@ -12,6 +12,7 @@ namespace qwenrt::cli {
 struct BackendOptions {
   std::string backend = "auto";  // cuda when a GPU is usable, else cpu
   int threads = 0;               // 0: the physical cores
+  double expert_cache_gib = -1;  // < 0: auto
 };
 
 inline void add_backend_options(CLI::App* sub, BackendOptions& opt) {
@@ -21,11 +22,18 @@ inline void add_backend_options(CLI::App* sub, BackendOptions& opt) {
       ->check(CLI::IsMember({"auto", "cuda", "cpu", "ref"}));
   sub->add_option("-t,--threads", opt.threads, "cpu backend threads (default: physical cores)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--expert-cache", opt.expert_cache_gib,
+                  "GiB of memory for routed MoE experts read from the file on demand (cpu "
+                  "backend); 0 = off (experts mapped with the rest); default: on, with the free "
+                  "memory, when the file is larger than 80% of it")
+      ->check(CLI::NonNegativeNumber);
 }
 
 inline void apply(const BackendOptions& opt, engine::EngineOptions& eo) {
   eo.backend = opt.backend;
   eo.n_threads = opt.threads;
+  eo.expert_cache_bytes =
+      opt.expert_cache_gib < 0 ? -1 : static_cast<int64_t>(opt.expert_cache_gib * (1ull << 30));
 }
 
 }  // namespace qwenrt::cli

@@ -1,6 +1,9 @@
 #include "engine/engine.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <fstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -40,13 +43,78 @@ void MtpBatch::clear() {
   want_logits.clear();
 }
 
+namespace {
+
+bool is_routed_expert_tensor(const std::string& name) {
+  for (const char* suffix : {".ffn_gate_exps.weight", ".ffn_up_exps.weight",
+                             ".ffn_gate_up_exps.weight", ".ffn_down_exps.weight"}) {
+    if (name.ends_with(suffix)) return true;
+  }
+  return false;
+}
+
+// MemAvailable of /proc/meminfo in bytes (0 when unknown).
+int64_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void Engine::setup_expert_streaming(const EngineOptions& options) {
+  if (!config_.is_moe() || options.expert_cache_bytes == 0) return;
+  // One slot: the largest expert of a layer (its gate, up and down slices, 64-byte aligned).
+  int64_t slot = 0, expert_bytes = 0;
+  for (int il = 0; il < config_.n_layer; ++il) {
+    int64_t layer = 0;
+    for (const auto& t : file_.tensors()) {
+      if (!t.name.starts_with(fmt::format("blk.{}.", il)) || !is_routed_expert_tensor(t.name))
+        continue;
+      layer += (t.n_bytes / t.ne[2] + 63) / 64 * 64;
+      expert_bytes += t.n_bytes;
+    }
+    slot = std::max(slot, layer);
+  }
+  int64_t budget = options.expert_cache_bytes;
+  if (budget < 0) {
+    if (std::string(ops_->name()) != "cpu") return;  // the cpu backend streams; others map
+    const int64_t free = available_memory();
+    const int64_t file_bytes = static_cast<int64_t>(file_.file_size());
+    if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
+    const int64_t others = file_bytes - expert_bytes;
+    budget = std::max<int64_t>(free - others - (int64_t{1} << 30), 0);
+    log(LogLevel::kInfo, "{:.1f} GB of weights, {:.1f} GB free: streaming the experts through a "
+        "{:.1f} GB cache (--expert-cache sets it)", file_bytes / 1e9, free / 1e9, budget / 1e9);
+  }
+  ops_->stream_experts({.path = file_.path(),
+                        .map_base = file_.base(),
+                        .budget_bytes = budget,
+                        .slot_bytes = slot,
+                        .min_slots = config_.n_expert_used});
+  streaming_experts_ = true;
+}
+
 void Engine::prefault_weights(const std::function<void(uint64_t, uint64_t)>& progress) {
+  // The PLE n-gram table (qwen4exp, tens of GB in the released model) is read row by row on
+  // demand, never whole.
+  // Streamed experts are read by the expert cache, likewise.
+  auto on_demand = [&](const gguf::TensorInfo& t) {
+    return t.name == "per_layer_token_embd.weight" ||
+           (streaming_experts_ && is_routed_expert_tensor(t.name));
+  };
   uint64_t total = 0, done = 0;
-  for (const auto& t : file_.tensors()) total += t.n_bytes;
+  for (const auto& t : file_.tensors()) total += on_demand(t) ? 0 : t.n_bytes;
   constexpr uint64_t kPage = 4096, kReport = 64ull << 20;
   uint64_t next_report = 0;
   volatile uint8_t sink = 0;  // the reads must happen
   for (const auto& t : file_.tensors()) {
+    if (on_demand(t)) continue;
     for (uint64_t off = 0; off < t.n_bytes; off += kPage) sink = sink + t.data[off];
     done += t.n_bytes;
     if (progress && (done >= next_report || done == total)) {
@@ -100,6 +168,7 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     ops_->set_place_progress(options.on_load_progress, total);
   }
   model_ = arch::make_model(file_, config_, *ops_);
+  setup_expert_streaming(options);
   if (options.prefault && !ops_->copies_weights()) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
   constexpr int kPageSize = 64;

@@ -41,6 +41,10 @@ struct EngineOptions {
   // on_load_progress(bytes done, bytes total) is called as it goes.
   bool prefault = true;
   std::function<void(uint64_t, uint64_t)> on_load_progress;
+  // Routed experts streamed from the file into a cache of this many bytes (the cpu backend):
+  // 0 = off (experts mapped like the rest); -1 = auto: on, with what memory is free beyond the
+  // other weights, when the file is larger than 80% of the free memory.
+  int64_t expert_cache_bytes = -1;
 };
 
 // Rows of (slot, token, position, wants output). A slot's tokens must be contiguous in the batch
@@ -127,6 +131,9 @@ class Engine {
  private:
   Engine(gguf::File file, const EngineOptions& options);
   void prefault_weights(const std::function<void(uint64_t, uint64_t)>& progress);
+  // Sets up the expert cache of options.expert_cache_bytes, when it is on.
+  void setup_expert_streaming(const EngineOptions& options);
+  bool streaming_experts_ = false;
   // Checks rows (slot, token, position), groups them into spans, reserves their KV pages on the
   // track and hands the layout to the backend.
   void plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,

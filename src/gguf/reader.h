@@ -59,6 +59,8 @@ class File {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   uint64_t file_size() const { return file_.size(); }
+  // The first byte of the file in memory: a tensor's data - base() is its offset in the file.
+  const uint8_t* base() const { return file_.data(); }
 
   const std::vector<KeyValue>& metadata() const { return metadata_; }
   const Value* find(std::string_view key) const;

@@ -53,4 +53,8 @@ void Ops::qsa_attention(const QsaArgs&) {
   fail("the {} backend has no qsa_attention (qwen4exp)", name());
 }
 
+void Ops::stream_experts(const ExpertStreaming&) {
+  fail("the {} backend cannot stream experts from the file (use --backend cpu)", name());
+}
+
 }  // namespace qwenrt::ops

@@ -139,6 +139,18 @@ class Ops {
   virtual void ple_conv(const PleConvArgs& args);
   virtual void qsa_attention(const QsaArgs& args);
 
+  // ---- Routed experts streamed from the file ----
+  // From now on the MoE ops read routed experts through a cache of the given budget (the cpu
+  // backend); Error on a backend without one, or a budget below one token's experts.
+  virtual void stream_experts(const ExpertStreaming& config);
+  // A hint: the experts the router of w picks for x [n, dim] will be asked for soon (a streaming
+  // backend starts reading them). No effect otherwise.
+  virtual void moe_prefetch(const MoeWeights& w, const float* x, int64_t n, int n_expert, int k) {
+    (void)w, (void)x, (void)n, (void)n_expert, (void)k;
+  }
+  // Counters of the expert cache (zero without one).
+  virtual ExpertStats expert_stats() const { return {}; }
+
   // ---- The end of a step ----
   // Samples one token for each of the step's output rows from logits [n_output_rows, n_vocab]
   // with rows[i]'s settings; out (host) gets the ids, their log-probabilities and the top n_top

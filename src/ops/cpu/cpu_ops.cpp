@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -108,6 +110,13 @@ class Arena {
 class CpuOps final : public HostOps {
  public:
   explicit CpuOps(int n_threads) : pool_(n_threads > 0 ? n_threads : physical_cores()) {}
+  static constexpr int64_t kPrefetchRows = 4;
+  // QWENRT_EXPERT_POLICY=lfu: least often used instead of least recently used (measured in
+  // bench/results/cpu-expert-stream.md).
+  static cpu::ExpertPolicy expert_policy() {
+    const char* p = std::getenv("QWENRT_EXPERT_POLICY");
+    return p && std::string(p) == "lfu" ? cpu::ExpertPolicy::kLfu : cpu::ExpertPolicy::kLru;
+  }
   const char* name() const override { return "cpu"; }
 
   float* alloc(int64_t n_floats) override {
@@ -207,7 +216,28 @@ class CpuOps final : public HostOps {
   void moe(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert,
            int k) override {
     cpu::Context ctx{pool_, scratch_};
-    cpu::moe_ffn(w, x, out, n, n_expert, k, ctx);
+    cpu::moe_ffn(w, x, out, n, n_expert, k, ctx, experts_.get());
+  }
+
+  void stream_experts(const ExpertStreaming& c) override {
+    experts_ = std::make_unique<cpu::ExpertCache>(c.path, c.map_base, c.budget_bytes, c.slot_bytes,
+                                                  c.min_slots, expert_policy());
+  }
+  void moe_prefetch(const MoeWeights& w, const float* x, int64_t n, int n_expert,
+                    int k) override {
+    // Decode-sized steps only: a prefill batch asks for most experts of every layer anyway.
+    if (!experts_ || n > kPrefetchRows || k > 64) return;
+    if (n_expert > 1024) return;
+    cpu::Context ctx{pool_, scratch_};
+    float logits[kPrefetchRows * 1024];
+    cpu::matmul(w.router.view, x, logits, n, ctx);
+    int32_t ids[kPrefetchRows * 64];
+    float weights[kPrefetchRows * 64];
+    cpu::moe_route(logits, n, n_expert, k, ids, weights);
+    for (int64_t i = 0; i < n * k; ++i) experts_->prefetch(w, ids[i]);
+  }
+  ExpertStats expert_stats() const override {
+    return experts_ ? experts_->stats() : ExpertStats{};
   }
 
   void sample(const float* logits, int64_t n_vocab, const SamplingRow* rows, int n_top,
@@ -220,6 +250,7 @@ class CpuOps final : public HostOps {
   ThreadPool pool_;
   Arena arena_;
   cpu::Scratch scratch_;
+  std::unique_ptr<cpu::ExpertCache> experts_;  // streamed routed experts (stream_experts)
   cpu::Sampler sampler_;
   cpu::ScratchBuffer rope_table_;
   int rope_n_rot_ = -1;

@@ -48,6 +48,8 @@ float silu(float v) {
 
 // Rows (or output columns) per task of the gate/up and down passes: a multiple of kRowAlign.
 constexpr int64_t kRowChunk = 64;
+// Groups one pass of steps 4-6 takes (a round's task order lives on the stack).
+constexpr int kMaxGroupsPerRound = 1024;
 
 TensorView rows_of(const TensorView& v, int64_t first, int64_t count) {
   TensorView r = v;
@@ -61,13 +63,44 @@ TensorView rows_of(const TensorView& v, int64_t first, int64_t count) {
 struct Group {
   TensorView gate, up, down;
   int64_t first_row, count;
-  bool shared;  // the shared expert (its inputs may be in another format)
+  bool shared;    // the shared expert (its inputs may be in another format)
+  int slot = -1;  // its expert cache slot (streamed experts), whose bytes may still be loading
 };
+
+// Expert e's matrices, from w (resident) or from a cache entry (streamed).
+template <class Source>
+void set_views_from(Group& g, const Source& src, bool fused, int64_t ff) {
+  if (fused) {
+    g.gate = rows_of(src.gate_up, 0, ff);
+    g.up = rows_of(src.gate_up, ff, ff);
+  } else {
+    g.gate = src.gate;
+    g.up = src.up;
+  }
+  g.down = src.down;
+}
+
+struct ResidentExpert {
+  TensorView gate, up, gate_up, down;
+};
+
+void set_views(Group& g, const MoeWeights& w, int e, bool fused, int64_t ff) {
+  ResidentExpert r;
+  if (fused) {
+    r.gate_up = w.gate_up_exps.expert_view(e);
+  } else {
+    r.gate = w.gate_exps.expert_view(e);
+    r.up = w.up_exps.expert_view(e);
+  }
+  r.down = w.down_exps.expert_view(e);
+  set_views_from(g, r, fused, ff);
+  g.slot = -1;
+}
 
 }  // namespace
 
 void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert, int k,
-             Context& ctx) {
+             Context& ctx, ExpertCache* cache) {
   if (n <= 0) return;
   const bool fused = w.gate_up_exps.present();
   const TensorView& gu = fused ? w.gate_up_exps.view : w.gate_exps.view;
@@ -118,18 +151,8 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
     const int64_t count = offsets[e + 1] - offsets[e];
     if (count == 0) continue;
     Group& g = groups[n_groups++];
-    if (fused) {
-      const TensorView both = w.gate_up_exps.expert_view(e);
-      g.gate = rows_of(both, 0, ff);
-      g.up = rows_of(both, ff, ff);
-    } else {
-      g.gate = w.gate_exps.expert_view(e);
-      g.up = w.up_exps.expert_view(e);
-    }
-    g.down = w.down_exps.expert_view(e);
-    g.first_row = offsets[e];
-    g.count = count;
-    g.shared = false;
+    g = Group{.first_row = offsets[e], .count = count, .shared = false, .slot = e};
+    if (!cache) set_views(g, w, e, fused, ff);
   }
   if (has_shared) {
     for (int64_t t = 0; t < n; ++t) {
@@ -137,7 +160,7 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
       entry_weight[n_entries + t] = sigmoid(shared_logit[t]);
     }
     groups[n_groups++] =
-        Group{w.shared_gate.view, w.shared_up.view, w.shared_down.view, n_entries, n, true};
+        Group{w.shared_gate.view, w.shared_up.view, w.shared_down.view, n_entries, n, true, -1};
   }
 
   // 3. Quantise x once per token, then gather each expert's input rows (the shared expert reads
@@ -166,91 +189,134 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
       std::memcpy(gathered + i * rb, act_x + int64_t{entry_token[i]} * rb, rb);
   });
 
-  // 4. Gate and up for every group, in tasks of kRowChunk rows, then
-  // h = silu(gate) * up into hidden [total_rows, max(ff, sff)].
+  // 4-6 run over groups [g0, g1) at a time: all at once for resident experts; for streamed ones
+  // in rounds of as many experts as the cache holds, pinned for the round, the shared expert in
+  // the last. Rounds keep the group order of the down pass's sums, so the output is bit for bit
+  // that of resident experts.
   const int64_t hs = std::max(ff, has_shared ? sff : 0);
   auto* hidden = s.moe_hidden.get<float>(total_rows * hs);
   auto act_rows = [&](const Group& g) {
     return g.shared ? PreparedAct{gathered + n_entries * rb, rb_shared, g.count}
                     : PreparedAct{gathered + g.first_row * rb, rb, g.count};
   };
-  // Tasks of kRowChunk rows of one group, from a shared counter: one core's share of the
-  // bandwidth moves from moment to moment, so fixed halves finish apart.
-  int64_t n_tasks = 0;
-  for (int gi = 0; gi < n_groups; ++gi)
-    n_tasks += (groups[gi].gate.ne[1] + kRowChunk - 1) / kRowChunk;
-  std::atomic<int64_t> next{0};
-  pool.run(n_threads, [&](int p, int) {
-    int gi = 0;
-    int64_t group_first = 0;  // the first task of group gi
-    for (int64_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < n_tasks;) {
-      // Tasks come in increasing order per thread, so the group only moves forward.
-      for (;;) {
-        const int64_t in_group = (groups[gi].gate.ne[1] + kRowChunk - 1) / kRowChunk;
-        if (task < group_first + in_group) break;
-        group_first += in_group;
-        ++gi;
-      }
-      const Group& g = groups[gi];
-      const int64_t r0 = (task - group_first) * kRowChunk;
-      const int64_t r1 = std::min(g.gate.ne[1], r0 + kRowChunk);
-      const int64_t width = r1 - r0;
-      float* tile = s.moe_per_thread[p].get<float>(2 * g.count * width);
-      const PreparedAct a = act_rows(g);
-      matmul_rows(g.gate, r0, r1, a, tile, width, s.per_thread[p]);
-      matmul_rows(g.up, r0, r1, a, tile + g.count * width, width, s.per_thread[p]);
-      for (int64_t i = 0; i < g.count; ++i) {
-        float* h = hidden + (g.first_row + i) * hs + r0;
-        const float* gt = tile + i * width;
-        const float* ut = tile + (g.count + i) * width;
-        for (int64_t c = 0; c < width; ++c) h[c] = silu(gt[c]) * ut[c];
-      }
-    }
-  });
-
-  // 5. Quantise the hidden rows for their down matrices.
   const DType down_type = w.down_exps.view.dtype;
   const DType sdown_type = has_shared ? w.shared_down.view.dtype : down_type;
   const int64_t rbh = prepared_row_bytes(down_type, ff);
   const int64_t rbh_shared = has_shared ? prepared_row_bytes(sdown_type, sff) : 0;
   auto* act_h = s.moe_act_h.get<uint8_t>(n_entries * rbh + n * rbh_shared);
-  pool.run(total_rows >= 8 ? n_threads : 1, [&](int p, int np) {
-    const int64_t i0 = total_rows * p / np, i1 = total_rows * (p + 1) / np;
-    for (int64_t i = i0; i < i1; ++i) {
-      if (i < n_entries) {
-        prepare_act_rows(down_type, hidden + i * hs, hs, ff, 1, act_h + i * rbh);
-      } else {
-        prepare_act_rows(sdown_type, hidden + i * hs, hs, sff, 1,
-                         act_h + n_entries * rbh + (i - n_entries) * rbh_shared);
+  auto wait = [&](const Group& g) {
+    if (g.slot >= 0) cache->wait(g.slot);
+  };
+  auto run_groups = [&](int g0, int g1, bool first) {
+    // 4. Gate and up, in tasks of kRowChunk rows, then h = silu(gate) * up into hidden
+    // [total_rows, max(ff, sff)]. Streamed experts already in take the first tasks.
+    int order[kMaxGroupsPerRound];
+    int n_order = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int gi = g0; gi < g1; ++gi) {
+        const bool in = groups[gi].slot < 0 || cache->ready(groups[gi].slot);
+        if (in == (pass == 0)) order[n_order++] = gi;
       }
     }
-  });
-
-  // 6. Down: each task owns kRowChunk output columns for every token (over every group), so the
-  // weighted sum needs no synchronisation; tasks from a shared counter, as for gate/up.
-  const int64_t n_col_tasks = (dim + kRowChunk - 1) / kRowChunk;
-  std::atomic<int64_t> next_col{0};
-  pool.run(n_threads, [&](int p, int) {
-    for (int64_t task; (task = next_col.fetch_add(1, std::memory_order_relaxed)) < n_col_tasks;) {
-      const int64_t c0 = task * kRowChunk, c1 = std::min(dim, c0 + kRowChunk);
-      const int64_t width = c1 - c0;
-      for (int64_t t = 0; t < n; ++t) std::fill(out + t * dim + c0, out + t * dim + c1, 0.0f);
-      for (int gi = 0; gi < n_groups; ++gi) {
-        const Group& g = groups[gi];
-        const PreparedAct a{g.shared ? act_h + n_entries * rbh : act_h + g.first_row * rbh,
-                            g.shared ? rbh_shared : rbh, g.count};
-        float* tile = s.moe_per_thread[p].get<float>(g.count * width);
-        matmul_rows(g.down, c0, c1, a, tile, width, s.per_thread[p]);
+    int64_t n_tasks = 0;
+    for (int oi = 0; oi < n_order; ++oi)
+      n_tasks += (groups[order[oi]].gate.ne[1] + kRowChunk - 1) / kRowChunk;
+    // Tasks from a shared counter: one core's share of the bandwidth moves from moment to moment,
+    // so fixed halves finish apart.
+    std::atomic<int64_t> next{0};
+    pool.run(n_threads, [&](int p, int) {
+      int oi = 0;
+      int64_t group_first = 0;  // the first task of group order[oi]
+      for (int64_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < n_tasks;) {
+        // Tasks come in increasing order per thread, so the group only moves forward.
+        for (;;) {
+          const int64_t in_group = (groups[order[oi]].gate.ne[1] + kRowChunk - 1) / kRowChunk;
+          if (task < group_first + in_group) break;
+          group_first += in_group;
+          ++oi;
+        }
+        const Group& g = groups[order[oi]];
+        wait(g);
+        const int64_t r0 = (task - group_first) * kRowChunk;
+        const int64_t r1 = std::min(g.gate.ne[1], r0 + kRowChunk);
+        const int64_t width = r1 - r0;
+        float* tile = s.moe_per_thread[p].get<float>(2 * g.count * width);
+        const PreparedAct a = act_rows(g);
+        matmul_rows(g.gate, r0, r1, a, tile, width, s.per_thread[p]);
+        matmul_rows(g.up, r0, r1, a, tile + g.count * width, width, s.per_thread[p]);
         for (int64_t i = 0; i < g.count; ++i) {
-          const int64_t row = g.first_row + i;
-          const float wt = entry_weight[row];
-          float* o = out + int64_t{entry_token[row]} * dim + c0;
-          const float* y = tile + i * width;
-          for (int64_t c = 0; c < width; ++c) o[c] += wt * y[c];
+          float* h = hidden + (g.first_row + i) * hs + r0;
+          const float* gt = tile + i * width;
+          const float* ut = tile + (g.count + i) * width;
+          for (int64_t c = 0; c < width; ++c) h[c] = silu(gt[c]) * ut[c];
         }
       }
+    });
+
+    // 5. Quantise the hidden rows of these groups for their down matrices.
+    const int64_t row0 = groups[g0].first_row,
+                  row1 = groups[g1 - 1].first_row + groups[g1 - 1].count, rows = row1 - row0;
+    pool.run(rows >= 8 ? n_threads : 1, [&](int p, int np) {
+      const int64_t i0 = row0 + rows * p / np, i1 = row0 + rows * (p + 1) / np;
+      for (int64_t i = i0; i < i1; ++i) {
+        if (i < n_entries) {
+          prepare_act_rows(down_type, hidden + i * hs, hs, ff, 1, act_h + i * rbh);
+        } else {
+          prepare_act_rows(sdown_type, hidden + i * hs, hs, sff, 1,
+                           act_h + n_entries * rbh + (i - n_entries) * rbh_shared);
+        }
+      }
+    });
+
+    // 6. Down: each task owns kRowChunk output columns for every token (over the groups), so the
+    // weighted sum needs no synchronisation; tasks from a shared counter, as for gate/up.
+    const int64_t n_col_tasks = (dim + kRowChunk - 1) / kRowChunk;
+    std::atomic<int64_t> next_col{0};
+    pool.run(n_threads, [&](int p, int) {
+      for (int64_t task; (task = next_col.fetch_add(1, std::memory_order_relaxed)) < n_col_tasks;) {
+        const int64_t c0 = task * kRowChunk, c1 = std::min(dim, c0 + kRowChunk);
+        const int64_t width = c1 - c0;
+        if (first) {
+          for (int64_t t = 0; t < n; ++t) std::fill(out + t * dim + c0, out + t * dim + c1, 0.0f);
+        }
+        for (int gi = g0; gi < g1; ++gi) {
+          const Group& g = groups[gi];
+          const PreparedAct a{g.shared ? act_h + n_entries * rbh : act_h + g.first_row * rbh,
+                              g.shared ? rbh_shared : rbh, g.count};
+          float* tile = s.moe_per_thread[p].get<float>(g.count * width);
+          matmul_rows(g.down, c0, c1, a, tile, width, s.per_thread[p]);
+          for (int64_t i = 0; i < g.count; ++i) {
+            const int64_t row = g.first_row + i;
+            const float wt = entry_weight[row];
+            float* o = out + int64_t{entry_token[row]} * dim + c0;
+            const float* y = tile + i * width;
+            for (int64_t c = 0; c < width; ++c) o[c] += wt * y[c];
+          }
+        }
+      }
+    });
+  };
+
+  if (!cache) {
+    for (int g0 = 0; g0 < n_groups; g0 += kMaxGroupsPerRound)
+      run_groups(g0, std::min(n_groups, g0 + kMaxGroupsPerRound), g0 == 0);
+    return;
+  }
+  const int n_routed = n_groups - (has_shared ? 1 : 0);
+  const int per_round = std::min(cache->capacity(), kMaxGroupsPerRound);
+  for (int g0 = 0; g0 < n_routed || g0 == 0; g0 += per_round) {
+    const int g1 = std::min(n_routed, g0 + per_round);
+    for (int gi = g0; gi < g1; ++gi) {
+      const int e = groups[gi].slot;  // the expert id until pinned
+      const ExpertCache::Entry entry = cache->pin(w, e);
+      set_views_from(groups[gi], entry, fused, ff);
+      groups[gi].slot = entry.slot;
     }
-  });
+    const bool last = g1 == n_routed;
+    run_groups(g0, last ? n_groups : g1, g0 == 0);
+    for (int gi = g0; gi < g1; ++gi) cache->unpin(groups[gi].slot);
+    if (last) break;
+  }
 }
 
 }  // namespace qwenrt::ops::cpu

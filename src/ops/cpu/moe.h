@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "ops/cpu/expert_cache.h"
 #include "ops/cpu/matmul.h"
 #include "ops/types.h"
 
@@ -16,8 +17,10 @@ namespace qwenrt::ops::cpu {
 // stream once per call; threads take 64-row tasks of every expert (the shared expert in the same
 // pass) from a shared counter. Gate/up separate or fused (gate_up_exps: gate rows, then up rows).
 // No allocation once Scratch has grown to the call's size.
+// With a cache, the routed experts' bytes come from it (ExpertCache: read from the file on a miss,
+// the resident ones computed first), in rounds of what it holds; the output is the same bits.
 void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert, int k,
-             Context& ctx);
+             Context& ctx, ExpertCache* cache = nullptr);
 
 // Routing alone (what moe_ffn runs inside): logits [n, n_expert] -> ids, weights [n, k].
 // Same arithmetic as ops::ref::moe_route (fp64 softmax), without allocating.
