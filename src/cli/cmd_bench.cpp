@@ -41,6 +41,9 @@ struct Figure {
   std::string test;
   int64_t tokens = 0;           // tokens per repeat
   std::vector<double> seconds;  // one per repeat
+  // Streamed experts (--expert-cache) over the timed steps of every repeat.
+  ops::ExpertStats experts;
+  int64_t timed_tokens = 0;
   double median() const {
     std::vector<double> s = seconds;
     std::sort(s.begin(), s.end());
@@ -130,10 +133,19 @@ class Bench {
       prime(e, n_seq);
       const auto base = static_cast<int32_t>(opt_.depth);
       for (int32_t pos = 0; pos < kWarmupSteps; ++pos) step(base + pos);
+      const ops::ExpertStats before = e.backend().expert_stats();
       f.seconds.push_back(seconds_of([&] {
         for (int64_t i = 0; i < opt_.decode; ++i)
           step(base + static_cast<int32_t>(kWarmupSteps + i));
       }));
+      const ops::ExpertStats after = e.backend().expert_stats();
+      f.experts.lookups += after.lookups - before.lookups;
+      f.experts.hits += after.hits - before.hits;
+      f.experts.prefetch_hits += after.prefetch_hits - before.prefetch_hits;
+      f.experts.loads += after.loads - before.loads;
+      f.experts.bytes_read += after.bytes_read - before.bytes_read;
+      f.experts.capacity = after.capacity;
+      f.timed_tokens += f.tokens;
     }
   }
 
@@ -232,6 +244,16 @@ int run_bench(const BenchOptions& opt) {
                               {"tok_s_min", f.slowest_rate()},
                               {"tok_s_max", f.fastest_rate()},
                               {"median_ms", f.median() * 1e3}});
+      if (f.experts.capacity > 0) {
+        j["results"].back()["experts"] = {
+            {"cache_slots", f.experts.capacity},
+            {"lookups", f.experts.lookups},
+            {"hits", f.experts.hits},
+            {"prefetch_hits", f.experts.prefetch_hits},
+            {"loads", f.experts.loads},
+            {"bytes_read", f.experts.bytes_read},
+            {"bytes_per_token", f.timed_tokens ? f.experts.bytes_read / f.timed_tokens : 0}};
+      }
     }
     fmt::print("{}\n", j.dump(1));
     return 0;
@@ -242,6 +264,13 @@ int run_bench(const BenchOptions& opt) {
   for (const Figure& f : figures) {
     fmt::print("{:<14} {:>12.1f} {:>22} {:>12.1f}\n", f.test, f.rate(f.median()),
                fmt::format("{:.1f}..{:.1f}", f.slowest_rate(), f.fastest_rate()), f.median() * 1e3);
+    if (f.experts.capacity > 0 && f.experts.lookups > 0) {
+      fmt::print("  experts: {} slots, hit rate {:.1f}% ({:.1f}% by prefetch), {:.2f} MB read per "
+                 "token\n",
+                 f.experts.capacity, 100.0 * f.experts.hits / f.experts.lookups,
+                 100.0 * f.experts.prefetch_hits / f.experts.lookups,
+                 f.timed_tokens ? f.experts.bytes_read / 1e6 / f.timed_tokens : 0.0);
+    }
   }
   fmt::print(
       "ppP median ms is the time to first token for a P-token prompt; load {:.2f} s; peak RSS "

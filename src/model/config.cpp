@@ -230,6 +230,19 @@ Config Config::from_gguf(const gguf::File& file) {
     }
   }
   c.full_attention_interval = k.get_int_or("full_attention_interval", 4, 1, kBig);
+  if (const gguf::Array* rec = k.get_array("attention.recurrent_layers")) {
+    if (rec->items.size() < static_cast<size_t>(c.n_layer)) {
+      fail("{}: metadata key '{}': expected at least {} entries (one per layer), got {}", path,
+           k.key("attention.recurrent_layers"), c.n_layer, rec->items.size());
+    }
+    for (int il = 0; il < c.n_layer; ++il) {
+      const auto& item = rec->items[il];
+      if (!std::holds_alternative<bool>(item.data)) {
+        fail("{}: metadata key '{}': expected booleans", path, k.key("attention.recurrent_layers"));
+      }
+      c.recurrent_layers.push_back(std::get<bool>(item.data) ? 1 : 0);
+    }
+  }
 
   c.conv_kernel = k.get_int("ssm.conv_kernel", 2, 64);
   c.ssm_head_dim = k.get_int("ssm.state_size", 1, kBig);

@@ -61,6 +61,8 @@ struct Config {
   float rope_theta = 0;  // rope.freq_base
   std::array<int, 4> rope_sections{};  // rope.dimension_sections (validated, NeoX computed)
   int full_attention_interval = 4;     // layer i is attention iff (i + 1) % interval == 0
+  // attention.recurrent_layers when the file has it (1 = DeltaNet): it wins over the interval.
+  std::vector<uint8_t> recurrent_layers;
 
   // Gated DeltaNet layers.
   int conv_kernel = 0;   // ssm.conv_kernel
@@ -87,9 +89,16 @@ struct Config {
     return is_qwen4exp() && il < static_cast<int>(q4.compress_ratios.size()) &&
            q4.compress_ratios[il] > 0;
   }
-  bool is_attention_layer(int il) const { return (il + 1) % full_attention_interval == 0; }
+  bool is_attention_layer(int il) const {
+    if (il >= 0 && il < static_cast<int>(recurrent_layers.size())) return !recurrent_layers[il];
+    return (il + 1) % full_attention_interval == 0;
+  }
   int conv_channels() const { return 2 * ssm_k_heads * ssm_head_dim + ssm_v_heads * ssm_head_dim; }
-  int n_attention_layers() const { return n_layer / full_attention_interval; }
+  int n_attention_layers() const {
+    int n = 0;
+    for (int il = 0; il < n_layer; ++il) n += is_attention_layer(il) ? 1 : 0;
+    return n;
+  }
 
   // Reads and validates; Error names the file, the key and expected vs actual values.
   static Config from_gguf(const gguf::File& file);

@@ -173,11 +173,19 @@ Qwen35MoeWeights bind_qwen35moe(const gguf::File& file, const Config& config) {
 
 namespace {
 
+// A per-stream gamma: llama.cpp's converter writes [hc * n_embd]; its loader reads it as
+// [n_embd, hc]. Either is the same bytes.
+Weight grouped_gamma(const Binder& b, const std::string& name, int64_t e, int64_t hc) {
+  Weight w = b.find(name, {e * hc}, Kind::kF32);
+  if (w.present()) return w;
+  return b.get(name, {e, hc}, Kind::kF32);
+}
+
 HyperConnectionWeights bind_hc(const Binder& b, const Config& c, const std::string& prefix,
                                bool inject) {
   const int64_t e = c.n_embd, hc = c.q4.hc_count, wide = hc * e, lr = c.q4.hc_lowrank;
   HyperConnectionWeights w;
-  w.norm = b.get(prefix + "_norm.weight", {e, hc}, Kind::kF32);
+  w.norm = grouped_gamma(b, prefix + "_norm.weight", e, hc);
   w.down = b.get(prefix + "_down.weight", {wide, lr}, Kind::kMatrix);
   w.up = b.get(prefix + "_up.weight", {lr, wide}, Kind::kMatrix);
   if (inject) w.inject = b.get(prefix + "_inject.weight", {wide, hc}, Kind::kMatrix);
@@ -220,10 +228,12 @@ Qwen4ExpWeights bind_qwen4exp(const gguf::File& file, const Config& c) {
       PleWeights p;
       p.key = b.get(blk(il, "ple_key.weight"), {ple_dim, hc * e}, Kind::kMatrix);
       p.value = b.get(blk(il, "ple_value.weight"), {ple_dim, e}, Kind::kMatrix);
-      p.norm_key = b.get(blk(il, "ple_norm_key.weight"), {e, hc}, Kind::kF32);
-      p.norm_query = b.get(blk(il, "ple_norm_query.weight"), {e, hc}, Kind::kF32);
-      p.norm_conv = b.get(blk(il, "ple_norm_conv.weight"), {e, hc}, Kind::kF32);
-      p.conv = b.get(blk(il, "ple_conv1d.weight"), {c.q4.ple_conv_kernel, hc * e}, Kind::kF32);
+      p.norm_key = grouped_gamma(b, blk(il, "ple_norm_key.weight"), e, hc);
+      p.norm_query = grouped_gamma(b, blk(il, "ple_norm_query.weight"), e, hc);
+      p.norm_conv = grouped_gamma(b, blk(il, "ple_norm_conv.weight"), e, hc);
+      // F16 in converted files (its rows of conv_kernel are shorter than a quant block).
+      p.conv =
+          b.get(blk(il, "ple_conv1d.weight"), {c.q4.ple_conv_kernel, hc * e}, Kind::kMatrix);
       layer.ple = std::move(p);
     }
     layer.ffn = bind_moe_ffn(b, c, il);

@@ -92,7 +92,7 @@ using Qwen35MoeWeights = ModelWeights<MoeFfnWeights>;
 // mixer and (except in the final mixer) the per-stream injection weights. The norm gammas are
 // stored folded to (1 + w).
 struct HyperConnectionWeights {
-  Weight norm;    // hc_*_norm [n_embd, hc] F32: one gamma row per stream
+  Weight norm;    // hc_*_norm [n_embd, hc] or [hc * n_embd] F32: one gamma row per stream
   Weight down;    // hc_*_down [hc * n_embd, lowrank]
   Weight up;      // hc_*_up   [lowrank, hc * n_embd]
   Weight inject;  // hc_*_inject [hc * n_embd, hc] (absent in the final mixer)
@@ -113,7 +113,7 @@ struct PleWeights {
   Weight norm_key;    // ple_norm_key   [n_embd, hc] F32
   Weight norm_query;  // ple_norm_query [n_embd, hc] F32
   Weight norm_conv;   // ple_norm_conv  [n_embd, hc] F32
-  Weight conv;        // ple_conv1d [conv_kernel, hc * n_embd] F32
+  Weight conv;        // ple_conv1d [conv_kernel, hc * n_embd] (F16 as converted)
 };
 
 struct Qwen4ExpLayer {

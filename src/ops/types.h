@@ -186,7 +186,7 @@ struct PleEmbedArgs {
 // ple_conv history followed by x; updates ple_conv.
 struct PleConvArgs {
   const float* x;        // [n, C]
-  const Weight& kernel;  // [K, C] F32
+  const Weight& kernel;  // [K, C] (any type quant/ dequantises)
   int dilation;
   const RecurrentLayer& state;
   float* out;

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "ops/ref/kernels.h"
+#include "quant/quant.h"
 
 namespace qwenrt::ops::ref {
 namespace {
@@ -136,7 +137,10 @@ void ple_embed_spans(const StepLayout& step, const PleEmbedArgs& a) {
 void ple_conv_spans(const StepLayout& step, const PleConvArgs& a) {
   const int64_t K = a.kernel.view.ne[0], C = a.kernel.view.ne[1];
   const int64_t hist = (K - 1) * a.dilation;
-  const float* w = f32_data(a.kernel);
+  std::vector<float> kernel(K * C);
+  quant::dequantize(a.kernel.view.dtype, a.kernel.view.data, kernel.data(), K * C,
+                    a.kernel.name);
+  const float* w = kernel.data();
   for (int s = 0; s < step.n_spans; ++s) {
     const Span& span = step.spans[s];
     float* state = a.state.ple_conv + int64_t{span.slot} * hist * C;
