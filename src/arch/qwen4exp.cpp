@@ -10,20 +10,13 @@
 // The DeltaNet output gate is sigmoid(z), not silu(z).
 #include <cmath>
 
-#include "arch/blocks.h"
+#include "arch/qwen4exp.h"
+
 #include "core/error.h"
 
 namespace qwenrt::arch {
-namespace {
 
 using model::HyperConnectionWeights;
-
-// A hyper-connection's input side over `rows` rows of the streams [rows, hc, e]: the mixed block
-// input [rows, e] and, when the module injects, the injection logits [rows, hc].
-struct HcInput {
-  float* mixed;
-  float* inject;
-};
 
 HcInput hc_input(const BlockContext& ctx, const HyperConnectionWeights& w, const float* streams,
                  int64_t rows) {
@@ -46,6 +39,8 @@ HcInput hc_input(const BlockContext& ctx, const HyperConnectionWeights& w, const
   }
   return in;
 }
+
+namespace {
 
 // out [n, n_embd] = Qwen Sparse Attention of x: gated attention whose core attends, per query, to
 // the keys the layer's indexer selects.
