@@ -81,7 +81,7 @@ void expect_other_slots_unchanged(const std::vector<Span>& spans, int n_slots, s
 struct DeltaCase {
   std::string kernel;  // conv | recurrent | chunked | core
   int hk, hv, d;
-  std::vector<int> counts;  // span lengths
+  std::vector<int> counts;    // span lengths
   bool sigmoid_gate = false;  // qwen4exp's output gate
 };
 
@@ -286,8 +286,7 @@ INSTANTIATE_TEST_SUITE_P(
             DeltaCase{"core", 2, 4, 16, {1}}, DeltaCase{"core", 2, 6, 32, {1, 1, 1}},
             DeltaCase{"core", 16, 32, 128, {1, 1}}, DeltaCase{"prefill", 2, 4, 16, {65}},
             DeltaCase{"prefill", 2, 6, 32, {1, 63, 1, 200}}, DeltaCase{"prefill", 2, 4, 16, {1, 1}},
-            DeltaCase{"prefill", 16, 32, 128, {70, 1}},
-            DeltaCase{"core", 2, 4, 32, {1, 1}, true},
+            DeltaCase{"prefill", 16, 32, 128, {70, 1}}, DeltaCase{"core", 2, 4, 32, {1, 1}, true},
             DeltaCase{"prefill", 2, 6, 32, {1, 63, 1, 200}, true}),
         ::testing::ValuesIn(supported_simd_levels())));
 

@@ -40,8 +40,8 @@ std::vector<float> run(const std::string& path, int64_t cache_bytes, ops::Expert
 int64_t slot_bytes(const std::string& path, bool aligned = true) {
   gguf::File f = gguf::File::open(path).value();
   int64_t slot = 0;
-  for (const char* t : {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
-                        "blk.0.ffn_down_exps.weight"}) {
+  for (const char* t :
+       {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"}) {
     const gguf::TensorInfo* info = f.find_tensor(t);
     if (!info) continue;
     const int64_t bytes = static_cast<int64_t>(info->n_bytes / info->ne[2]);
@@ -75,7 +75,8 @@ TEST(ExpertCache, StreamedEqualsMappedBitForBit) {
 }
 
 TEST(ExpertCache, BudgetBelowOneTokenIsRefused) {
-  const std::string path = testing_support::write_tiny(model::Arch::kQwen35Moe, "stream_small.gguf");
+  const std::string path =
+      testing_support::write_tiny(model::Arch::kQwen35Moe, "stream_small.gguf");
   const auto cfg = engine::Engine::load(path, {.backend = "ref"})->config();
   try {
     run(path, (cfg.n_expert_used - 1) * slot_bytes(path), nullptr);

@@ -16,8 +16,8 @@
 
 #include "arch/qwen4exp.h"
 #include "engine/engine.h"
-#include "ops/ref/kernels.h"
 #include "io/npy.h"
+#include "ops/ref/kernels.h"
 #include "support/model_files.h"
 
 namespace qwenrt {
@@ -151,10 +151,11 @@ TEST(Qwen4Exp, MatchesTransformersFp32) {
     // The budget matters past the first blocks: the two references differ there.
     const Agreement cross = compare(ours, dense, [](int64_t r) { return r >= 11; });
     EXPECT_GT(cross.worst, 1e-2);
-    fmt::print("[qwen4exp] ref vs transformers ({}): worst rel L2 {:.2e} (budget 8), {:.2e} "
-               "(dense); budget 8 vs dense {:.2e}\n",
-               mode == arch::DeltaNetMode::kChunked ? "chunked" : "recurrent", a.worst, d.worst,
-               cross.worst);
+    fmt::print(
+        "[qwen4exp] ref vs transformers ({}): worst rel L2 {:.2e} (budget 8), {:.2e} "
+        "(dense); budget 8 vs dense {:.2e}\n",
+        mode == arch::DeltaNetMode::kChunked ? "chunked" : "recurrent", a.worst, d.worst,
+        cross.worst);
   }
 }
 
@@ -192,9 +193,10 @@ TEST(Qwen4Exp, AgreesWithLlamaCppWhereQsaKeepsEveryKey) {
   const Agreement llama_late = compare(ours, llama, late);
   EXPECT_LT(ours_late.worst, 1e-4);
   EXPECT_GT(llama_late.worst, 5 * a.worst);
-  fmt::print("[qwen4exp] ref vs llama.cpp: rows <= 10 worst {:.2e}; rows >= 11 worst {:.2e} "
-             "(QSA selections differ); dense {:.2e}\n",
-             a.worst, llama_late.worst, d.worst);
+  fmt::print(
+      "[qwen4exp] ref vs llama.cpp: rows <= 10 worst {:.2e}; rows >= 11 worst {:.2e} "
+      "(QSA selections differ); dense {:.2e}\n",
+      a.worst, llama_late.worst, d.worst);
 }
 
 TEST(Qwen4Exp, ChunksAndTokensContinueTheState) {
@@ -204,8 +206,8 @@ TEST(Qwen4Exp, ChunksAndTokensContinueTheState) {
   const auto whole = run_prompt(*e, f.ids, {});
   std::vector<size_t> token_by_token(f.ids.size() - 150, 1);
   token_by_token.insert(token_by_token.begin(), {7, 64, 79});  // then one token at a time
-  for (const auto& chunks : {std::vector<size_t>{7, 64}, std::vector<size_t>{1, 2, 3, 5, 11},
-                             token_by_token}) {
+  for (const auto& chunks :
+       {std::vector<size_t>{7, 64}, std::vector<size_t>{1, 2, 3, 5, 11}, token_by_token}) {
     auto e2 = load(kFile);
     const auto parts = run_prompt(*e2, f.ids, chunks);
     ASSERT_EQ(parts.size(), whole.size());
@@ -376,6 +378,63 @@ TEST(Qwen4Exp, MoeMatchesTransformersModule) {
   EXPECT_LT(rel_l2(got, out.data), 1e-5);
 }
 
+// One fresh 8-token prefill step of the prompt's first tokens in slot 0 of b's state.
+struct FreshStep {
+  std::vector<int32_t> tokens, positions;
+  std::vector<ops::Span> spans;
+  explicit FreshStep(Blocks& b, int64_t n) {
+    const Fixture& f = fixture();
+    tokens.assign(f.ids.begin(), f.ids.begin() + n);
+    for (int32_t i = 0; i < n; ++i) positions.push_back(i);
+    spans = {{.slot = 0, .begin = 0, .count = static_cast<int32_t>(n), .n_past = 0}};
+    b.states->reset(0);
+    b.states->reserve(0, n, state::Track::kTrunk);
+    b.ops->begin_step({.tokens = tokens.data(),
+                       .positions = positions.data(),
+                       .n = n,
+                       .spans = spans.data(),
+                       .n_spans = 1,
+                       .page_tables = b.states->page_tables(state::Track::kTrunk),
+                       .page_table_stride = b.states->page_table_stride()});
+  }
+};
+
+TEST(Qwen4Exp, QsaGdnAndPleBlocksMatchTransformersModules) {
+  Blocks b;
+  const auto& c = b.engine->config();
+  const int64_t e = c.n_embd, wide = int64_t{c.q4.hc_count} * e;
+  {
+    const NpyArray in = Blocks::dump("qsa_in"), want = Blocks::dump("attn_out");
+    const int64_t n = in.shape[0];
+    FreshStep step(b, n);
+    std::vector<float> out(n * e, NAN);
+    arch::qsa_block(b.ctx(n), std::get<model::AttentionWeights>(b.w.layers[0].mixer),
+                    b.w.layers[0].indexer, 0, in.data.data(), out.data());
+    EXPECT_LT(rel_l2(out, want.data), 1e-5) << "attention (QSA) block";
+  }
+  {
+    const NpyArray in = Blocks::dump("gdn_in"), want = Blocks::dump("gdn_out");
+    const int64_t n = in.shape[0];
+    FreshStep step(b, n);
+    std::vector<float> out(n * e, NAN);
+    arch::deltanet_block(b.ctx(n), std::get<model::DeltaNetWeights>(b.w.layers[1].mixer), 1,
+                         in.data.data(), out.data());
+    EXPECT_LT(rel_l2(out, want.data), 1e-5) << "Gated DeltaNet block (sigmoid gate)";
+  }
+  {
+    const NpyArray in = Blocks::dump("ple_in"), want = Blocks::dump("ple_out");
+    const int64_t n = in.shape[0];
+    ASSERT_EQ(in.shape[1], wide);
+    FreshStep step(b, n);
+    std::vector<float> streams = in.data;
+    arch::ple_block(b.ctx(n), *b.w.layers[1].ple, b.w.ple_table, 1, streams.data());
+    // transformers' module returns the addition; the block adds it to the streams.
+    std::vector<float> added(n * wide);
+    for (int64_t i = 0; i < n * wide; ++i) added[i] = streams[i] - in.data[i];
+    EXPECT_LT(rel_l2(added, want.data), 1e-5) << "PLE block";
+  }
+}
+
 TEST(Qwen4Exp, PleRowIdsMatchTransformersHash) {
   Blocks b;
   const auto& q = b.engine->config().q4;
@@ -407,7 +466,8 @@ TEST(Qwen4Exp, PleRowIdsMatchTransformersHash) {
     eos_cuts += t > 1 && cut;
     ops::ref::ple_rows(args, ctx.data(), rows.data());
     for (int h = 0; h < heads; ++h)
-      EXPECT_EQ(rows[h], static_cast<int64_t>(ids.data[t * heads + h])) << "pos " << t << " head " << h;
+      EXPECT_EQ(rows[h], static_cast<int64_t>(ids.data[t * heads + h]))
+          << "pos " << t << " head " << h;
   }
   EXPECT_GT(eos_cuts, 0) << "the dumped positions cross an eos";
 }

@@ -25,8 +25,8 @@ std::vector<float> randn(size_t n, std::mt19937_64& rng) {
 Weight f32_weight(const std::vector<float>& data, std::vector<int64_t> ne, const char* name) {
   std::array<int64_t, kMaxDims> dims{1, 1, 1, 1};
   for (size_t i = 0; i < ne.size(); ++i) dims[i] = ne[i];
-  return Weight{name, TensorView::contiguous(DType::F32, static_cast<int>(ne.size()), dims,
-                                             data.data())};
+  return Weight{name,
+                TensorView::contiguous(DType::F32, static_cast<int>(ne.size()), dims, data.data())};
 }
 
 double sigmoid(double x) {
@@ -38,7 +38,8 @@ struct Paged {
   int page_size, pages_per_slot;
   std::vector<int32_t> tables;
   Paged(int n_slots, int page_size, int64_t n_ctx)
-      : page_size(page_size), pages_per_slot(static_cast<int>((n_ctx + page_size - 1) / page_size)) {
+      : page_size(page_size),
+        pages_per_slot(static_cast<int>((n_ctx + page_size - 1) / page_size)) {
     tables.resize(n_slots * pages_per_slot);
     std::iota(tables.begin(), tables.end(), 0);
   }
@@ -68,7 +69,8 @@ std::pair<std::vector<float>, std::vector<float>> run_both(const QsaCase& c, uin
                      idx_pool = randn(paged.pool_rows() * c.index_dim, rng);
   std::vector<float> k_pool2 = k_pool, v_pool2 = v_pool;
   const std::vector<float> q = randn(n * q_dim, rng), k = randn(n * kv_dim, rng),
-                           v = randn(n * kv_dim, rng), iq = randn(n * c.index_heads * c.index_dim, rng),
+                           v = randn(n * kv_dim, rng),
+                           iq = randn(n * c.index_heads * c.index_dim, rng),
                            ik = randn(n * c.index_dim, rng), k_norm = randn(c.index_dim, rng);
   std::vector<int32_t> tokens(n, 0), positions(n);
   for (const Span& s : c.spans)
@@ -274,7 +276,8 @@ TEST(Qwen4ExpOps, PleConvIsDilatedCausalAndCarriesItsState) {
                   .n = 9,
                   .spans = spans.data(),
                   .n_spans = 1};
-  ple_conv_spans(step, {.x = x.data(), .kernel = w, .dilation = 2, .state = state, .out = out.data()});
+  ple_conv_spans(step,
+                 {.x = x.data(), .kernel = w, .dilation = 2, .state = state, .out = out.data()});
   for (int t = 0; t < 9; ++t) {
     for (int c = 0; c < 2; ++c) {
       double acc = 0;
@@ -335,7 +338,8 @@ TEST(Qwen4ExpOps, HyperConnectionOpsByHand) {
   const std::vector<float> key = {2, 2, 1, 1}, query = {2, 2, -1, -1}, value = {1, -3};
   std::vector<float> gated(4, NAN);
   ple_gate(key.data(), query.data(), value.data(), gated.data(), 1, 2, 2);
-  const double g0 = sigmoid(std::sqrt(8 / std::sqrt(2.0))), g1 = sigmoid(-std::sqrt(2 / std::sqrt(2.0)));
+  const double g0 = sigmoid(std::sqrt(8 / std::sqrt(2.0))),
+               g1 = sigmoid(-std::sqrt(2 / std::sqrt(2.0)));
   EXPECT_NEAR(gated[0], g0, 1e-6);
   EXPECT_NEAR(gated[1], -3 * g0, 1e-6);
   EXPECT_NEAR(gated[2], g1, 1e-6);

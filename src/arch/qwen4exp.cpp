@@ -40,8 +40,6 @@ HcInput hc_input(const BlockContext& ctx, const HyperConnectionWeights& w, const
   return in;
 }
 
-namespace {
-
 // out [n, n_embd] = Qwen Sparse Attention of x: gated attention whose core attends, per query, to
 // the keys the layer's indexer selects.
 void qsa_block(const BlockContext& ctx, const model::AttentionWeights& w,
@@ -113,10 +111,13 @@ void ple_block(const BlockContext& ctx, const model::PleWeights& w, const model:
   float* normed = ops.alloc(n * wide);
   ops.rmsnorm_grouped(gated, w.norm_conv, normed, n, hc, e, c.rms_eps);
   float* conv = ops.alloc(n * wide);
-  ops.ple_conv({.x = normed, .kernel = w.conv, .dilation = q.ple_ngram, .state = state, .out = conv});
+  ops.ple_conv(
+      {.x = normed, .kernel = w.conv, .dilation = q.ple_ngram, .state = state, .out = conv});
   ops.add(gated, conv, gated, n * wide);
   ops.add(streams, gated, streams, n * wide);
 }
+
+namespace {
 
 class Qwen4Exp final : public Model {
  public:

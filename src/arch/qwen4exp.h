@@ -15,4 +15,12 @@ struct HcInput {
 HcInput hc_input(const BlockContext& ctx, const model::HyperConnectionWeights& w,
                  const float* streams, int64_t rows);
 
+// out [n, n_embd] = Qwen Sparse Attention of x (state layer il: KV and indexer keys).
+void qsa_block(const BlockContext& ctx, const model::AttentionWeights& w,
+               const model::IndexerWeights& idx, int il, const float* x, float* out);
+
+// streams [n, hc, n_embd] += PLE(streams) (state layer il: token context and conv history).
+void ple_block(const BlockContext& ctx, const model::PleWeights& w, const model::Weight& table,
+               int il, float* streams);
+
 }  // namespace qwenrt::arch

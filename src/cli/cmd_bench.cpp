@@ -265,11 +265,12 @@ int run_bench(const BenchOptions& opt) {
     fmt::print("{:<14} {:>12.1f} {:>22} {:>12.1f}\n", f.test, f.rate(f.median()),
                fmt::format("{:.1f}..{:.1f}", f.slowest_rate(), f.fastest_rate()), f.median() * 1e3);
     if (f.experts.capacity > 0 && f.experts.lookups > 0) {
-      fmt::print("  experts: {} slots, hit rate {:.1f}% ({:.1f}% by prefetch), {:.2f} MB read per "
-                 "token\n",
-                 f.experts.capacity, 100.0 * f.experts.hits / f.experts.lookups,
-                 100.0 * f.experts.prefetch_hits / f.experts.lookups,
-                 f.timed_tokens ? f.experts.bytes_read / 1e6 / f.timed_tokens : 0.0);
+      fmt::print(
+          "  experts: {} slots, hit rate {:.1f}% ({:.1f}% by prefetch), {:.2f} MB read per "
+          "token\n",
+          f.experts.capacity, 100.0 * f.experts.hits / f.experts.lookups,
+          100.0 * f.experts.prefetch_hits / f.experts.lookups,
+          f.timed_tokens ? f.experts.bytes_read / 1e6 / f.timed_tokens : 0.0);
     }
   }
   fmt::print(

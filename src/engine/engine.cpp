@@ -89,8 +89,10 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
     if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
     const int64_t others = file_bytes - expert_bytes;
     budget = std::max<int64_t>(free - others - (int64_t{1} << 30), 0);
-    log(LogLevel::kInfo, "{:.1f} GB of weights, {:.1f} GB free: streaming the experts through a "
-        "{:.1f} GB cache (--expert-cache sets it)", file_bytes / 1e9, free / 1e9, budget / 1e9);
+    log(LogLevel::kInfo,
+        "{:.1f} GB of weights, {:.1f} GB free: streaming the experts through a "
+        "{:.1f} GB cache (--expert-cache sets it)",
+        file_bytes / 1e9, free / 1e9, budget / 1e9);
   }
   ops_->stream_experts({.path = file_.path(),
                         .map_base = file_.base(),
@@ -137,9 +139,9 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   if (backend == "auto") {
     backend = "cpu";
     if (ops::cuda_available()) {
-      const std::string why =
-          config_.is_qwen4exp() ? std::string("qwen4exp blocks (hyper-connections, QSA, PLE)")
-                                : ops::cuda_unsupported(config_.head_dim, config_.ssm_head_dim);
+      const std::string why = config_.is_qwen4exp()
+                                  ? std::string("qwen4exp blocks (hyper-connections, QSA, PLE)")
+                                  : ops::cuda_unsupported(config_.head_dim, config_.ssm_head_dim);
       if (why.empty()) {
         backend = "cuda";
       } else {
@@ -155,8 +157,9 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     ops_ = ops::make_cpu_ops(options.n_threads);
   } else if (backend == "cuda") {
     if (config_.is_qwen4exp()) {
-      fail("the cuda backend does not run qwen4exp yet (its hyper-connection, QSA and PLE ops have "
-           "no CUDA kernels): use --backend cpu");
+      fail(
+          "the cuda backend does not run qwen4exp yet (its hyper-connection, QSA and PLE ops have "
+          "no CUDA kernels): use --backend cpu");
     }
     ops_ = ops::make_cuda_ops();
   } else {

@@ -48,7 +48,8 @@ class KeyReader {
     std::vector<int64_t> out;
     for (size_t i = 0; i < a->items.size(); ++i) {
       const auto& item = a->items[i];
-      if (!item.is_integer()) fail("{}: metadata key '{}': expected integers", file_.path(), key(name));
+      if (!item.is_integer())
+        fail("{}: metadata key '{}': expected integers", file_.path(), key(name));
       const bool is_signed = std::holds_alternative<int64_t>(item.data);
       const uint64_t u = is_signed ? 0 : std::get<uint64_t>(item.data);
       const int64_t v = is_signed ? std::get<int64_t>(item.data) : static_cast<int64_t>(u);
@@ -141,8 +142,8 @@ void read_qwen4exp(const KeyReader& k, Config& c) {
   q.ple_head_dim = k.get_int("embedding_length_per_layer_input", 1, kBig);
   q.ple_eos = k.get_int("ple.eos_token_id", 0, std::numeric_limits<int32_t>::max());
   const size_t heads = static_cast<size_t>(q.ple_heads());
-  const std::vector<int64_t> multipliers = k.get_ints(
-      "ple.layer_multipliers", q.ple_ngram, 1, std::numeric_limits<int64_t>::max(), true);
+  const std::vector<int64_t> multipliers = k.get_ints("ple.layer_multipliers", q.ple_ngram, 1,
+                                                      std::numeric_limits<int64_t>::max(), true);
   q.ple_multipliers.assign(multipliers.begin(), multipliers.begin() + q.ple_ngram);
   q.ple_head_offsets = k.get_ints("ple.head_offsets", heads, 0, kPleRowLimit, true);
   q.ple_head_vocab = k.get_ints("ple.head_vocab_sizes", heads, 1, kPleRowLimit, true);
@@ -292,11 +293,12 @@ Config Config::from_gguf(const gguf::File& file) {
     c.q4.ple_rows = t->ne[1];
     for (int h = 0; h < c.q4.ple_heads(); ++h) {
       if (c.q4.ple_head_offsets[h] + c.q4.ple_head_vocab[h] > c.q4.ple_rows) {
-        fail("{}: metadata keys '{}' / '{}': head {} covers rows [{}, {}) but "
-             "'per_layer_token_embd.weight' has {} rows",
-             path, k.key("ple.head_offsets"), k.key("ple.head_vocab_sizes"), h,
-             c.q4.ple_head_offsets[h], c.q4.ple_head_offsets[h] + c.q4.ple_head_vocab[h],
-             c.q4.ple_rows);
+        fail(
+            "{}: metadata keys '{}' / '{}': head {} covers rows [{}, {}) but "
+            "'per_layer_token_embd.weight' has {} rows",
+            path, k.key("ple.head_offsets"), k.key("ple.head_vocab_sizes"), h,
+            c.q4.ple_head_offsets[h], c.q4.ple_head_offsets[h] + c.q4.ple_head_vocab[h],
+            c.q4.ple_rows);
       }
     }
   }

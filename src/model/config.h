@@ -31,10 +31,10 @@ struct Qwen4ExpConfig {
   int ple_conv_kernel = 0;      // ple.conv_kernel
   int ple_head_dim = 0;         // embedding_length_per_layer_input: one table row
   int32_t ple_eos = 0;          // ple.eos_token_id: the n-gram windows stop at it
-  std::vector<uint64_t> ple_multipliers;   // ple.layer_multipliers [ple_ngram]
-  std::vector<int64_t> ple_head_offsets;   // ple.head_offsets [ple_heads]: first table row
-  std::vector<int64_t> ple_head_vocab;     // ple.head_vocab_sizes [ple_heads]: rows of the head
-  int64_t ple_rows = 0;                    // rows of per_layer_token_embd
+  std::vector<uint64_t> ple_multipliers;  // ple.layer_multipliers [ple_ngram]
+  std::vector<int64_t> ple_head_offsets;  // ple.head_offsets [ple_heads]: first table row
+  std::vector<int64_t> ple_head_vocab;    // ple.head_vocab_sizes [ple_heads]: rows of the head
+  int64_t ple_rows = 0;                   // rows of per_layer_token_embd
 
   int ple_heads() const { return (ple_ngram - 1) * ple_heads_per_ngram; }
   int ple_dim() const { return ple_heads() * ple_head_dim; }

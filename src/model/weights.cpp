@@ -232,8 +232,7 @@ Qwen4ExpWeights bind_qwen4exp(const gguf::File& file, const Config& c) {
       p.norm_query = grouped_gamma(b, blk(il, "ple_norm_query.weight"), e, hc);
       p.norm_conv = grouped_gamma(b, blk(il, "ple_norm_conv.weight"), e, hc);
       // F16 in converted files (its rows of conv_kernel are shorter than a quant block).
-      p.conv =
-          b.get(blk(il, "ple_conv1d.weight"), {c.q4.ple_conv_kernel, hc * e}, Kind::kMatrix);
+      p.conv = b.get(blk(il, "ple_conv1d.weight"), {c.q4.ple_conv_kernel, hc * e}, Kind::kMatrix);
       layer.ple = std::move(p);
     }
     layer.ffn = bind_moe_ffn(b, c, il);
@@ -309,8 +308,8 @@ void for_each_weight(Qwen4ExpWeights& m, const std::function<void(Weight&)>& fn)
     hc(layer.hc_attn);
     hc(layer.hc_ffn);
     std::visit([&](auto& mixer) { visit(mixer, fn); }, layer.mixer);
-    for (Weight* w : {&layer.indexer.q, &layer.indexer.k, &layer.indexer.q_norm,
-                      &layer.indexer.k_norm}) {
+    for (Weight* w :
+         {&layer.indexer.q, &layer.indexer.k, &layer.indexer.q_norm, &layer.indexer.k_norm}) {
       if (w->present()) fn(*w);
     }
     if (layer.ple) {

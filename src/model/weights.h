@@ -120,15 +120,15 @@ struct Qwen4ExpLayer {
   HyperConnectionWeights hc_attn;  // before the token mixer
   HyperConnectionWeights hc_ffn;   // before the MoE
   std::variant<DeltaNetWeights, AttentionWeights> mixer;
-  IndexerWeights indexer;          // QSA attention layers only
-  std::optional<PleWeights> ple;   // the PLE layer only
+  IndexerWeights indexer;         // QSA attention layers only
+  std::optional<PleWeights> ple;  // the PLE layer only
   MoeFfnWeights ffn;
 };
 
 struct Qwen4ExpWeights {
-  Weight token_embd;           // [n_embd, n_vocab]
-  Weight output;               // [n_embd, n_vocab]; token_embd when absent
-  Weight ple_table;            // per_layer_token_embd [ple_head_dim, ple_rows] (PLE files only)
+  Weight token_embd;            // [n_embd, n_vocab]
+  Weight output;                // [n_embd, n_vocab]; token_embd when absent
+  Weight ple_table;             // per_layer_token_embd [ple_head_dim, ple_rows] (PLE files only)
   HyperConnectionWeights head;  // output_hc_norm / _down / _up: the final mixer (no output_norm)
   std::vector<Qwen4ExpLayer> layers;
 };

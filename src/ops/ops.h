@@ -129,8 +129,8 @@ class Ops {
                       int64_t dim);
   // Hyper-connection injection: streams[r, s, :] += block[r, :] * 2 sigmoid(inject[r, s] / hc),
   // streams [n, hc, dim], inject [n, hc] (logits).
-  virtual void hc_inject(float* streams, const float* block, const float* inject, int64_t n,
-                         int hc, int64_t dim);
+  virtual void hc_inject(float* streams, const float* block, const float* inject, int64_t n, int hc,
+                         int64_t dim);
   // PLE gate: per stream s, g = (key[r, s, :] . query[r, s, :]) / sqrt(dim), then
   // out[r, s, :] = sigmoid(sign(g) sqrt(max(|g|, 1e-6))) * value[r, :].
   virtual void ple_gate(const float* key, const float* query, const float* value, float* out,

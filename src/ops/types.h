@@ -194,11 +194,11 @@ struct PleConvArgs {
 
 // Routed experts streamed from the model file into a budgeted cache (the cpu backend).
 struct ExpertStreaming {
-  std::string path;           // the GGUF file
-  const uint8_t* map_base;    // where it is mapped: a weight's data - map_base is its file offset
-  int64_t budget_bytes;       // the cache
-  int64_t slot_bytes;         // one expert of one layer (gate + up + down)
-  int min_slots;              // the experts of one token in one layer (expert_used_count)
+  std::string path;         // the GGUF file
+  const uint8_t* map_base;  // where it is mapped: a weight's data - map_base is its file offset
+  int64_t budget_bytes;     // the cache
+  int64_t slot_bytes;       // one expert of one layer (gate + up + down)
+  int min_slots;            // the experts of one token in one layer (expert_used_count)
 };
 
 struct ExpertStats {
@@ -207,7 +207,7 @@ struct ExpertStats {
   int64_t prefetch_hits = 0;  // of the hits, brought in by a prefetch
   int64_t loads = 0;          // experts read from the file (misses and prefetches)
   int64_t bytes_read = 0;
-  int capacity = 0;           // experts the cache holds
+  int capacity = 0;  // experts the cache holds
 };
 
 // Sampling of one output row (sample/sampler.h resolves these from a request; its semantics, in

@@ -70,8 +70,7 @@ StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, 
   const int64_t kv_dim = int64_t{config.n_head_kv} * config.head_dim;
   if (config.is_qwen4exp() && config.q4.ple_layer >= 0) {
     ple_token_floats_ = config.q4.ple_ngram - 1;
-    ple_conv_floats_ =
-        int64_t{config.q4.ple_conv_history()} * config.q4.hc_count * config.n_embd;
+    ple_conv_floats_ = int64_t{config.q4.ple_conv_history()} * config.q4.hc_count * config.n_embd;
   }
   auto buffer = [&](int64_t floats) {
     buffers_.push_back(backend_.alloc_buffer(floats * int64_t{sizeof(float)}));

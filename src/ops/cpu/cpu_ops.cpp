@@ -223,8 +223,7 @@ class CpuOps final : public HostOps {
     experts_ = std::make_unique<cpu::ExpertCache>(c.path, c.map_base, c.budget_bytes, c.slot_bytes,
                                                   c.min_slots, expert_policy());
   }
-  void moe_prefetch(const MoeWeights& w, const float* x, int64_t n, int n_expert,
-                    int k) override {
+  void moe_prefetch(const MoeWeights& w, const float* x, int64_t n, int n_expert, int k) override {
     // Decode-sized steps only: a prefill batch asks for most experts of every layer anyway.
     if (!experts_ || n > kPrefetchRows || k > 64) return;
     if (n_expert > 1024) return;
@@ -236,9 +235,7 @@ class CpuOps final : public HostOps {
     cpu::moe_route(logits, n, n_expert, k, ids, weights);
     for (int64_t i = 0; i < n * k; ++i) experts_->prefetch(w, ids[i]);
   }
-  ExpertStats expert_stats() const override {
-    return experts_ ? experts_->stats() : ExpertStats{};
-  }
+  ExpertStats expert_stats() const override { return experts_ ? experts_->stats() : ExpertStats{}; }
 
   void sample(const float* logits, int64_t n_vocab, const SamplingRow* rows, int n_top,
               SampledToken* out) override {

@@ -50,10 +50,11 @@ ExpertCache::ExpertCache(const std::string& path, const uint8_t* map_base, int64
     : map_base_(map_base), slot_bytes_(align_up(slot_bytes)), policy_(policy) {
   const int64_t n = budget_bytes / slot_bytes_;
   if (n < min_slots) {
-    fail("expert cache: {:.1f} MiB holds {} experts of {:.2f} MiB; one token needs {} (at least "
-         "{:.1f} MiB)",
-         budget_bytes / 1048576.0, n, slot_bytes_ / 1048576.0, min_slots,
-         min_slots * slot_bytes_ / 1048576.0);
+    fail(
+        "expert cache: {:.1f} MiB holds {} experts of {:.2f} MiB; one token needs {} (at least "
+        "{:.1f} MiB)",
+        budget_bytes / 1048576.0, n, slot_bytes_ / 1048576.0, min_slots,
+        min_slots * slot_bytes_ / 1048576.0);
   }
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) fail("expert cache: cannot open '{}': {}", path, std::strerror(errno));

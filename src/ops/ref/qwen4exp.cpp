@@ -117,15 +117,14 @@ void ple_embed_spans(const StepLayout& step, const PleEmbedArgs& a) {
       ple_rows(a, ctx.data(), rows.data());
       for (int h = 0; h < heads; ++h) {
         if (rows[h] < 0 || rows[h] >= n_rows) {
-          fail("PLE row {} of head {} is outside '{}' ({} rows)", rows[h], h, a.table.name,
-               n_rows);
+          fail("PLE row {} of head {} is outside '{}' ({} rows)", rows[h], h, a.table.name, n_rows);
         }
         const int32_t id = static_cast<int32_t>(rows[h]);
         embed_rows(a.table, &id, a.out + ((span.begin + i) * int64_t{heads} + h) * head_dim, 1);
       }
       if (span.keep_states && i + 1 < span.count && i < a.state.history_rows) {
-        float* h = a.state.ple_tokens_history +
-                   (int64_t{span.slot} * a.state.history_rows + i) * ctx_len;
+        float* h =
+            a.state.ple_tokens_history + (int64_t{span.slot} * a.state.history_rows + i) * ctx_len;
         for (int j = 0; j < ctx_len; ++j) h[j] = static_cast<float>(seq[i + 1 + j]);
       }
     }
@@ -138,8 +137,7 @@ void ple_conv_spans(const StepLayout& step, const PleConvArgs& a) {
   const int64_t K = a.kernel.view.ne[0], C = a.kernel.view.ne[1];
   const int64_t hist = (K - 1) * a.dilation;
   std::vector<float> kernel(K * C);
-  quant::dequantize(a.kernel.view.dtype, a.kernel.view.data, kernel.data(), K * C,
-                    a.kernel.name);
+  quant::dequantize(a.kernel.view.dtype, a.kernel.view.data, kernel.data(), K * C, a.kernel.name);
   const float* w = kernel.data();
   for (int s = 0; s < step.n_spans; ++s) {
     const Span& span = step.spans[s];
@@ -155,9 +153,9 @@ void ple_conv_spans(const StepLayout& step, const PleConvArgs& a) {
         a.out[(span.begin + t) * C + c] = static_cast<float>(acc * sigmoid(acc));
       }
       if (span.keep_states && t + 1 < span.count && t < a.state.history_rows) {
-        std::memcpy(a.state.ple_conv_history +
-                        (int64_t{span.slot} * a.state.history_rows + t) * hist * C,
-                    window.data() + (t + 1) * C, hist * C * 4);
+        std::memcpy(
+            a.state.ple_conv_history + (int64_t{span.slot} * a.state.history_rows + t) * hist * C,
+            window.data() + (t + 1) * C, hist * C * 4);
       }
     }
     std::memcpy(state, window.data() + span.count * C, hist * C * 4);
