@@ -1,7 +1,8 @@
-// `qwenrt synth --like CHECKPOINT --quant Q4_K_M|Q8_0 [--layers N] --out FILE [--seed S]`: a
-// full-size GGUF with the official conversion's metadata, tensor table and per-tensor types, a
-// 248320-entry vocabulary, and random but well-scaled weights: the same bytes move as with the
-// real checkpoint, so it measures speed (never quality). docs/synth.md.
+// `qwenrt synth --like CHECKPOINT --quant Q4_K_M|Q8_0 [--layers N] [--ple-rows-scale S] --out FILE
+// [--seed S]`: a full-size GGUF with the official conversion's metadata, tensor table and
+// per-tensor types, a 248320-entry vocabulary, and random but well-scaled weights: the same bytes
+// move as with the real checkpoint, so it measures speed (never quality). docs/synth.md. The file
+// is streamed as it is generated (Qwen3.8-Flash-Next's PLE table alone is 35 GB in Q4_K_M).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -26,6 +27,7 @@ struct SynthOptions {
   std::string vocab;
   std::string chat_template;
   bool mtp = false;
+  int64_t ple_rows_scale = 1;
 };
 
 std::string read_text(const std::string& path, const char* what) {
@@ -37,7 +39,8 @@ std::string read_text(const std::string& path, const char* what) {
 }
 
 int run_synth(const SynthOptions& opt) {
-  model::SynthSpec spec = model::synth_spec_like(opt.like, opt.quant, opt.layers, opt.mtp);
+  model::SynthSpec spec =
+      model::synth_spec_like(opt.like, opt.quant, opt.layers, opt.mtp, opt.ple_rows_scale);
   spec.n_threads = opt.threads;
   spec.seed = opt.seed;
   spec.vocab_from = opt.vocab;
@@ -47,10 +50,20 @@ int run_synth(const SynthOptions& opt) {
 
   uint64_t planned = 0;
   const auto table = model::synth_tensor_table(spec);
-  for (const auto& t : table) planned += t.n_bytes;
-  fmt::print(stderr, "qwenrt: synth {} {}, {} layers{}, {} tensors, {:.2f} GB of weights -> {}\n",
+  std::string ple;
+  for (const auto& t : table) {
+    planned += t.n_bytes;
+    if (t.name == "per_layer_token_embd.weight") {
+      ple =
+          fmt::format(" (PLE table {} x {} {}: {:.2f} GB{})", t.ne[0], t.ne[1], dtype_name(t.type),
+                      t.n_bytes / 1e9,
+                      opt.ple_rows_scale > 1 ? fmt::format(", n-gram base / {}", opt.ple_rows_scale)
+                                             : std::string());
+    }
+  }
+  fmt::print(stderr, "qwenrt: synth {} {}, {} layers{}, {} tensors, {:.2f} GB of weights{} -> {}\n",
              spec.name, opt.quant, spec.config.n_layer, opt.mtp ? " + MTP" : "", table.size(),
-             planned / 1e9, opt.out);
+             planned / 1e9, ple, opt.out);
   const auto start = std::chrono::steady_clock::now();
   model::write_synthetic(spec, opt.out);
   const double seconds =
@@ -70,12 +83,18 @@ Run add_synth(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "synth",
       "Write a synthetic GGUF shaped exactly like an official checkpoint (for speed work)");
-  sub->add_option("--like", opt->like, "Qwen3.6-27B, Qwen3.6-35B-A3B or Qwen3.8-27B")->required();
+  sub->add_option("--like", opt->like,
+                  "Qwen3.6-27B, Qwen3.6-35B-A3B, Qwen3.8-27B or Qwen3.8-Flash-Next")
+      ->required();
   sub->add_option("--quant", opt->quant, "Q4_K_M (default) or Q8_0");
   sub->add_option("--layers", opt->layers, "Only the first N layers (a small file for checks)");
   sub->add_option("--out", opt->out, "Output .gguf file")->required();
   sub->add_flag("--mtp", opt->mtp,
                 "Add one MTP (nextn) block after the trunk, nextn_predict_layers = 1");
+  sub->add_option("--ple-rows-scale", opt->ple_rows_scale,
+                  "Qwen3.8-Flash-Next: divide the PLE n-gram vocabulary base (20,000,000) by S, "
+                  "deriving heads, offsets and table rows from it as transformers does: a PLE "
+                  "table ~1/S of its 35 GB (Q4_K_M) / 54 GB (Q8_0) (default 1: full size)");
   sub->add_option("--seed", opt->seed, "Random seed (default 1)");
   sub->add_option("--threads", opt->threads, "Threads generating weights (default: all cores)");
   sub->add_option("--vocab", opt->vocab,

@@ -28,6 +28,12 @@ class Binder {
     return w;
   }
 
+  // Dimensions of a tensor as the file holds it (0 when absent).
+  int n_dims(const std::string& name) const {
+    const gguf::TensorInfo* t = file_.find_tensor(name);
+    return t ? t->n_dims : 0;
+  }
+
   // Absent is fine; present must be right.
   Weight find(const std::string& name, std::vector<int64_t> shape, Kind kind) const {
     const gguf::TensorInfo* t = file_.find_tensor(name);
@@ -176,9 +182,8 @@ namespace {
 // A per-stream gamma: llama.cpp's converter writes [hc * n_embd]; its loader reads it as
 // [n_embd, hc]. Either is the same bytes.
 Weight grouped_gamma(const Binder& b, const std::string& name, int64_t e, int64_t hc) {
-  Weight w = b.find(name, {e * hc}, Kind::kF32);
-  if (w.present()) return w;
-  return b.get(name, {e, hc}, Kind::kF32);
+  if (b.n_dims(name) == 2) return b.get(name, {e, hc}, Kind::kF32);
+  return b.get(name, {e * hc}, Kind::kF32);
 }
 
 HyperConnectionWeights bind_hc(const Binder& b, const Config& c, const std::string& prefix,
