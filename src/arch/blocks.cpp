@@ -37,6 +37,21 @@ AttentionRows attention_projections(const BlockContext& ctx, const model::Attent
   return r;
 }
 
+ops::AttentionArgs attention_core_args(const BlockContext& ctx, const AttentionRows& rows, int il,
+                                       float* attn) {
+  const model::Config& c = ctx.config;
+  return {.q = rows.q,
+          .q_stride = int64_t{c.n_head} * c.head_dim,
+          .k = rows.k,
+          .v = rows.v,
+          .kv = ctx.states.kv(il),
+          .out = attn,
+          .n_head = c.n_head,
+          .n_head_kv = c.n_head_kv,
+          .head_dim = c.head_dim,
+          .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+}
+
 void attention_output(const BlockContext& ctx, const model::AttentionWeights& w,
                       const AttentionRows& rows, float* attn, float* out) {
   const int64_t nq = int64_t{ctx.config.n_head} * ctx.config.head_dim;
@@ -51,16 +66,7 @@ void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, 
   const int64_t n = ctx.n, nq = int64_t{c.n_head} * c.head_dim;
   const AttentionRows rows = attention_projections(ctx, w, x);
   float* attn = ops.alloc(n * nq);
-  ops.attention({.q = rows.q,
-                 .q_stride = nq,
-                 .k = rows.k,
-                 .v = rows.v,
-                 .kv = ctx.states.kv(il),
-                 .out = attn,
-                 .n_head = c.n_head,
-                 .n_head_kv = c.n_head_kv,
-                 .head_dim = c.head_dim,
-                 .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))});
+  ops.attention(attention_core_args(ctx, rows, il, attn));
   attention_output(ctx, w, rows, attn, out);
 }
 

@@ -30,6 +30,9 @@ struct AttentionRows {
 };
 AttentionRows attention_projections(const BlockContext& ctx, const model::AttentionWeights& w,
                                     const float* x);
+// The attention core's arguments over those rows, writing attn [n, n_head * head_dim].
+ops::AttentionArgs attention_core_args(const BlockContext& ctx, const AttentionRows& rows, int il,
+                                       float* attn);
 // out [n, n_embd] = W_o (attn * sigmoid(gate)); attn is overwritten.
 void attention_output(const BlockContext& ctx, const model::AttentionWeights& w,
                       const AttentionRows& rows, float* attn, float* out);

@@ -56,16 +56,7 @@ void qsa_block(const BlockContext& ctx, const model::AttentionWeights& w,
   ops.rmsnorm(index_q, idx.q_norm, index_q, n * c.q4.indexer_heads, d, c.rms_eps);
   ops.rope_neox(index_q, c.q4.indexer_heads, static_cast<int>(d), iq, c.n_rot, c.rope_theta);
   float* attn = ops.alloc(n * nq);
-  ops.qsa_attention({.attn = {.q = rows.q,
-                              .q_stride = nq,
-                              .k = rows.k,
-                              .v = rows.v,
-                              .kv = ctx.states.kv(il),
-                              .out = attn,
-                              .n_head = c.n_head,
-                              .n_head_kv = c.n_head_kv,
-                              .head_dim = c.head_dim,
-                              .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))},
+  ops.qsa_attention({.attn = attention_core_args(ctx, rows, il, attn),
                      .index_q = index_q,
                      .index_k = index_k,
                      .k_norm = idx.k_norm,
