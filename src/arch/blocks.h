@@ -2,6 +2,8 @@
 // (SPEC.md "Layer skeleton"), written as short sequences of Ops calls over the whole batch.
 #pragma once
 
+#include <type_traits>
+
 #include "arch/model.h"
 #include "model/weights.h"
 
@@ -66,6 +68,12 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
     }
     ops.add_rmsnorm(x, mixed, layer.post_attn_norm, h, n, e, c.rms_eps);
     ffn(ctx, layer.ffn, h, mixed);
+    // Router lookahead: the next layer's router on this layer's FFN input names the experts it
+    // will likely ask for; a backend streaming experts reads them during the next mixer.
+    if constexpr (std::is_same_v<Ffn, model::MoeFfnWeights>) {
+      if (il + 1 < c.n_layer)
+        ops.moe_prefetch(w.layers[il + 1].ffn, h, n, c.n_expert, c.n_expert_used);
+    }
     if (il + 1 < c.n_layer) {
       ops.add_rmsnorm(x, mixed, w.layers[il + 1].attn_norm, h, n, e, c.rms_eps);
     } else {
