@@ -169,8 +169,10 @@ void ExpertCache::wait(int slot) {
     std::unique_lock lock(mu_);
     loaded_.wait(lock, [&] { return ready(slot); });
   }
-  std::lock_guard lock(mu_);
-  if (!error_.empty()) fail("{}", error_);
+  if (failed_.load(std::memory_order_acquire)) {  // the common path takes no lock
+    std::lock_guard lock(mu_);
+    fail("{}", error_);
+  }
 }
 
 void ExpertCache::unpin(int slot) {
@@ -216,6 +218,7 @@ void ExpertCache::loader() {
           std::lock_guard lock(mu_);
           error_ = fmt::format("expert cache: reading {} bytes at offset {}: {}", size, offset,
                                r < 0 ? std::strerror(errno) : "end of file");
+          failed_.store(true, std::memory_order_release);
           break;
         }
         done += r;

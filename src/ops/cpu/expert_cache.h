@@ -85,6 +85,7 @@ class ExpertCache {
   std::deque<int> queue_;
   bool stop_ = false;
   std::string error_;  // a failed read, reported by wait()
+  std::atomic<bool> failed_{false};
   ExpertCacheStats stats_;
   std::thread thread_;
 };
