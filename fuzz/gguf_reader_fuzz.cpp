@@ -1,13 +1,18 @@
 // libFuzzer target for the GGUF reader: any input either fails with an Error or yields a File
-// that is safe to read everywhere. Build with -DQWENRT_FUZZ=ON (clang); see fuzz/README.md.
+// that is safe to read everywhere; every File that opens then goes through model::Config and the
+// weight binder of its architecture, which must refuse bad metadata with an Error (one line), never
+// crash. Build with -DQWENRT_FUZZ=ON (clang); see fuzz/README.md.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <span>
 #include <string>
 
+#include "core/error.h"
 #include "gguf/json.h"
 #include "gguf/reader.h"
+#include "model/config.h"
+#include "model/weights.h"
 
 namespace {
 
@@ -59,12 +64,32 @@ void touch(const File& file) {
   (void)sum;
 }
 
+// The model layer over an opened file: config, then the architecture's binder (shapes and types
+// only; no weight data is read).
+void load_model_metadata(const File& file) {
+  using namespace qwenrt::model;
+  try {
+    const Config config = Config::from_gguf(file);
+    if (config.is_qwen4exp()) {
+      (void)bind_qwen4exp(file, config);
+    } else if (config.is_moe()) {
+      (void)bind_qwen35moe(file, config);
+    } else {
+      (void)bind_qwen35(file, config);
+    }
+  } catch (const qwenrt::Error& e) {
+    const std::string message = e.what();
+    if (message.empty() || message.find('\n') != std::string::npos) std::abort();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto file = File::from_bytes(std::span<const uint8_t>(data, size), "fuzz.gguf");
   if (file.ok()) {
     touch(*file);
+    load_model_metadata(*file);
   } else if (file.error().empty() || file.error().find('\n') != std::string::npos) {
     std::abort();  // every failure is one non-empty line
   }

@@ -7,6 +7,11 @@ reader's error message must contain (chosen to pin the specific check), and list
 controls, which must open, with their key and tensor counts and the smallest prefix of each that
 still opens (used by tests/test_gguf_malformed.cpp's truncate-at-every-offset test).
 
+The `model/` subfolder holds well-formed GGUF files whose model metadata is inconsistent (a tiny
+qwen4exp config with one key broken per file) and a control that parses; model/manifest.json maps
+each to the substrings model::Config's error must contain (tests/test_model_malformed.cpp). Both
+folders seed the fuzzer, which also parses the model config of every file the reader opens.
+
 Deterministic: no randomness, no timestamps. Plain Python 3, standard library only.
 
     python3 tools/make_malformed_gguf.py [--out tests/fixtures/malformed]
@@ -451,6 +456,173 @@ def malformed_cases():
     return cases
 
 
+# ---- model-level: well-formed files with inconsistent qwen4exp metadata ----------------------
+
+def u32s(values):
+    return array(UINT32, [scalar(UINT32, v) for v in values])
+
+
+def i32s(values):
+    return array(INT32, [scalar(INT32, v) for v in values])
+
+
+def u64s(values):
+    return array(UINT64, [scalar(UINT64, v) for v in values])
+
+
+def bools(values):
+    return array(BOOL, [scalar(BOOL, int(v)) for v in values])
+
+
+# A tiny qwen4exp shape: layer 0 attention (QSA, ratio 4), layer 1 DeltaNet carrying the PLE.
+# PLE: 3-grams, 2 heads per n-gram -> 4 heads of prime table sizes over 36 rows of width 4.
+QWEN4EXP_PLE_VOCAB = [5, 7, 11, 13]
+QWEN4EXP_PLE_ROWS = sum(QWEN4EXP_PLE_VOCAB)
+
+
+def qwen4exp_kvs():
+    a = "qwen4exp."
+    offsets = [sum(QWEN4EXP_PLE_VOCAB[:i]) for i in range(len(QWEN4EXP_PLE_VOCAB))]
+    return [
+        ("general.architecture", string("qwen4exp")),
+        ("general.name", string("model-corpus control")),
+        (a + "block_count", scalar(UINT32, 2)),
+        (a + "context_length", scalar(UINT32, 64)),
+        (a + "embedding_length", scalar(UINT32, 8)),
+        (a + "attention.layer_norm_rms_epsilon", scalar(FLOAT32, 1e-6)),
+        (a + "attention.head_count", scalar(UINT32, 2)),
+        (a + "attention.head_count_kv", scalar(UINT32, 1)),
+        (a + "attention.key_length", scalar(UINT32, 8)),
+        (a + "attention.value_length", scalar(UINT32, 8)),
+        (a + "rope.dimension_count", scalar(UINT32, 4)),
+        (a + "rope.freq_base", scalar(FLOAT32, 10000.0)),
+        (a + "attention.recurrent_layers", bools([False, True])),
+        (a + "ssm.conv_kernel", scalar(UINT32, 4)),
+        (a + "ssm.state_size", scalar(UINT32, 4)),
+        (a + "ssm.group_count", scalar(UINT32, 1)),
+        (a + "ssm.time_step_rank", scalar(UINT32, 2)),
+        (a + "ssm.inner_size", scalar(UINT32, 8)),
+        (a + "expert_count", scalar(UINT32, 4)),
+        (a + "expert_used_count", scalar(UINT32, 2)),
+        (a + "expert_feed_forward_length", scalar(UINT32, 8)),
+        (a + "expert_shared_feed_forward_length", scalar(UINT32, 8)),
+        (a + "hyper_connection.count", scalar(UINT32, 4)),
+        (a + "hyper_connection.low_rank", scalar(UINT32, 4)),
+        (a + "attention.indexer.head_count", scalar(UINT32, 2)),
+        (a + "attention.indexer.key_length", scalar(UINT32, 4)),
+        (a + "attention.indexer.top_k", scalar(UINT32, 8)),
+        (a + "attention.compress_ratios", i32s([4, 0])),
+        (a + "ple.layers", i32s([1])),
+        (a + "ple.ngram_size", scalar(UINT32, 3)),
+        (a + "ple.heads_per_ngram", scalar(UINT32, 2)),
+        (a + "ple.conv_kernel", scalar(UINT32, 3)),
+        (a + "embedding_length_per_layer_input", scalar(UINT32, 4)),
+        (a + "ple.eos_token_id", scalar(UINT32, 15)),
+        (a + "ple.layer_multipliers", u64s([4295158889766209, 8433018892997163, 1270917961435699])),
+        (a + "ple.head_offsets", u64s(offsets)),
+        (a + "ple.head_vocab_sizes", u64s(QWEN4EXP_PLE_VOCAB)),
+    ]
+
+
+def qwen4exp_tensors(ple_dims=(4, QWEN4EXP_PLE_ROWS)):
+    tensors = [T("token_embd.weight", [8, 16], F32)]
+    if ple_dims:
+        tensors.append(T("per_layer_token_embd.weight", list(ple_dims), F32))
+    return tensors
+
+
+def qwen4exp_file(replace=None, drop=(), ple_dims=(4, QWEN4EXP_PLE_ROWS)):
+    """The control with `replace` {suffix: value} set and the keys ending in `drop` removed."""
+    replace = replace or {}
+    kvs = []
+    for key, value in qwen4exp_kvs():
+        suffix = key[len("qwen4exp."):] if key.startswith("qwen4exp.") else None
+        if suffix in drop:
+            continue
+        kvs.append((key, replace.pop(suffix) if suffix in replace else value))
+    kvs += [("qwen4exp." + k, v) for k, v in replace.items()]
+    return build(kvs, qwen4exp_tensors(ple_dims)).data
+
+
+def model_cases():
+    """(name, bytes, expected substrings): each breaks one qwen4exp rule the forward relies on."""
+    a = "qwen4exp."
+    cases = []
+
+    def add(name, data, *expect):
+        cases.append((f"qwen4exp_{name}.gguf", data, list(expect)))
+
+    # -- layer kinds --
+    add("recurrent_layers_short", qwen4exp_file({"attention.recurrent_layers": bools([False])}),
+        a + "attention.recurrent_layers", "at least 2 entries", "got 1")
+    add("recurrent_layers_not_bool", qwen4exp_file({"attention.recurrent_layers": u32s([0, 1])}),
+        a + "attention.recurrent_layers", "expected booleans")
+    add("full_attention_interval_zero",
+        qwen4exp_file({"full_attention_interval": scalar(UINT32, 0)},
+                      drop=("attention.recurrent_layers",)),
+        a + "full_attention_interval", "got 0")
+    add("conv_kernel_zero", qwen4exp_file({"ssm.conv_kernel": scalar(UINT32, 0)}),
+        a + "ssm.conv_kernel", "got 0")
+    # -- QSA --
+    add("compress_ratios_missing", qwen4exp_file(drop=("attention.compress_ratios",)),
+        f"missing metadata key '{a}attention.compress_ratios'")
+    add("compress_ratios_short", qwen4exp_file({"attention.compress_ratios": i32s([4])}),
+        a + "attention.compress_ratios", "at least 2 entries, got 1")
+    add("compress_ratio_on_deltanet", qwen4exp_file({"attention.compress_ratios": i32s([4, 4])}),
+        a + "attention.compress_ratios[1] = 4", "DeltaNet layer")
+    add("compress_ratio_negative", qwen4exp_file({"attention.compress_ratios": i32s([-4, 0])}),
+        a + "attention.compress_ratios'[0]", "got -4")
+    add("indexer_budget_not_multiple",
+        qwen4exp_file({"attention.compress_ratios": i32s([3, 0])}),
+        a + "attention.indexer.top_k", "not a multiple")
+    add("indexer_key_length_short",
+        qwen4exp_file({"attention.indexer.key_length": scalar(UINT32, 2)}),
+        a + "attention.indexer.key_length", "rotated dims")
+    add("indexer_heads_missing", qwen4exp_file(drop=("attention.indexer.head_count",)),
+        f"missing metadata key '{a}attention.indexer.head_count'")
+    # -- hyper-connections --
+    add("hc_count_one", qwen4exp_file({"hyper_connection.count": scalar(UINT32, 1)}),
+        a + "hyper_connection.count", "got 1")
+    add("hc_low_rank_zero", qwen4exp_file({"hyper_connection.low_rank": scalar(UINT32, 0)}),
+        a + "hyper_connection.low_rank", "got 0")
+    # -- PLE: layers, conv, n-gram hash parameters, table --
+    add("ple_layer_attention", qwen4exp_file({"ple.layers": i32s([0])}),
+        a + "ple.layers", "DeltaNet")
+    add("ple_layers_two", qwen4exp_file({"ple.layers": i32s([0, 1])}),
+        a + "ple.layers", "one PLE layer")
+    add("ple_layer_out_of_range", qwen4exp_file({"ple.layers": i32s([2])}),
+        a + "ple.layers'[0]", "got 2")
+    add("ple_conv_kernel_zero", qwen4exp_file({"ple.conv_kernel": scalar(UINT32, 0)}),
+        a + "ple.conv_kernel", "got 0")
+    add("ple_ngram_one", qwen4exp_file({"ple.ngram_size": scalar(UINT32, 1)}),
+        a + "ple.ngram_size", "got 1")
+    add("ple_heads_per_ngram_zero", qwen4exp_file({"ple.heads_per_ngram": scalar(UINT32, 0)}),
+        a + "ple.heads_per_ngram", "got 0")
+    add("ple_multipliers_short", qwen4exp_file({"ple.layer_multipliers": u64s([3, 5])}),
+        a + "ple.layer_multipliers", "at least 3 entries, got 2")
+    add("ple_multiplier_zero", qwen4exp_file({"ple.layer_multipliers": u64s([3, 0, 5])}),
+        a + "ple.layer_multipliers'[1]", "got 0")
+    add("ple_multipliers_not_integers",
+        qwen4exp_file({"ple.layer_multipliers":
+                       array(FLOAT32, [scalar(FLOAT32, 1.5)] * 3)}),
+        a + "ple.layer_multipliers", "expected integers")
+    add("ple_eos_negative", qwen4exp_file({"ple.eos_token_id": scalar(INT32, -1)}),
+        a + "ple.eos_token_id", "got -1")
+    add("ple_head_vocab_zero", qwen4exp_file({"ple.head_vocab_sizes": u64s([5, 7, 0, 13])}),
+        a + "ple.head_vocab_sizes'[2]", "got 0")
+    add("ple_head_vocab_short", qwen4exp_file({"ple.head_vocab_sizes": u64s([5, 7, 11])}),
+        a + "ple.head_vocab_sizes", "at least 4 entries, got 3")
+    add("ple_head_offset_past_table", qwen4exp_file({"ple.head_offsets": u64s([0, 5, 12, 30])}),
+        a + "ple.head_offsets", "head 3", "per_layer_token_embd.weight")
+    add("ple_head_offset_huge", qwen4exp_file({"ple.head_offsets": u64s([0, 5, 12, 1 << 40])}),
+        a + "ple.head_offsets'[3]", "expected a value in")
+    add("ple_table_missing", qwen4exp_file(ple_dims=None),
+        "missing tensor 'per_layer_token_embd.weight'")
+    add("ple_table_width", qwen4exp_file(ple_dims=(8, QWEN4EXP_PLE_ROWS)),
+        "per_layer_token_embd.weight", "expected shape [4, rows]", "got [8, 36]")
+    return cases
+
+
 def valid_cases():
     return [("valid_all_types.gguf", valid_all_types(), 32, 8),
             ("valid_v2_align64.gguf", valid_v2_align64(), 3, 3),
@@ -480,9 +652,27 @@ def main():
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.write("\n")
-    total = sum(os.path.getsize(os.path.join(args.out, n)) for n in os.listdir(args.out))
+    total = sum(os.path.getsize(os.path.join(args.out, n)) for n in os.listdir(args.out)
+                if n.endswith(".gguf"))
     print(f"wrote {len(manifest['malformed'])} malformed + {len(manifest['valid'])} valid files "
           f"({total} bytes) to {args.out}")
+
+    model_dir = os.path.join(args.out, "model")
+    os.makedirs(model_dir, exist_ok=True)
+    model_manifest = {"malformed": {}, "valid": ["qwen4exp_valid.gguf"]}
+    with open(os.path.join(model_dir, "qwen4exp_valid.gguf"), "wb") as f:
+        f.write(qwen4exp_file())
+    for name, data, expect in model_cases():
+        assert name not in model_manifest["malformed"], name
+        with open(os.path.join(model_dir, name), "wb") as f:
+            f.write(data)
+        model_manifest["malformed"][name] = expect
+    with open(os.path.join(model_dir, "manifest.json"), "w") as f:
+        json.dump(model_manifest, f, indent=1, sort_keys=True)
+        f.write("\n")
+    total = sum(os.path.getsize(os.path.join(model_dir, n)) for n in os.listdir(model_dir))
+    print(f"wrote {len(model_manifest['malformed'])} malformed + 1 valid model files "
+          f"({total} bytes) to {model_dir}")
 
 
 if __name__ == "__main__":
