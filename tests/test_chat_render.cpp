@@ -287,6 +287,7 @@ TEST(ChatRender, DialectNamesAndCheckpoints) {
   EXPECT_EQ(dialect_for(model::Checkpoint::kQwen36_27B), Dialect::kQwen36);
   EXPECT_EQ(dialect_for(model::Checkpoint::kQwen36_35B_A3B), Dialect::kQwen36);
   EXPECT_EQ(dialect_for(model::Checkpoint::kQwen38_27B), Dialect::kQwen38);
+  EXPECT_EQ(dialect_for(model::Checkpoint::kQwen38_FlashNext), Dialect::kQwen38);
   EXPECT_EQ(dialect_for(model::Checkpoint::kOther), Dialect::kQwen35);
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
+#include "gen/defaults.h"
 #include "model/identity.h"
 #include "support/model_files.h"
 
@@ -167,9 +168,42 @@ TEST(Identity, MatchesWholeNamesOnly) {
   EXPECT_EQ(model::identify_name("3.6", "qwen.gguf").checkpoint, Checkpoint::kOther);
   EXPECT_EQ(model::identify_name("Qwen3.6-270B", "").checkpoint, Checkpoint::kOther);
   EXPECT_EQ(model::identify_name("XQwen3.6-27B", "").checkpoint, Checkpoint::kOther);
+  // Qwen3.8-Flash-Next: the registry name and published files' "Qwen3.8 Flash Next".
+  EXPECT_EQ(model::identify_name("Qwen3.8 Flash Next", "").checkpoint,
+            Checkpoint::kQwen38_FlashNext);
+  EXPECT_EQ(model::identify_name("", "Qwen3.8-Flash-Next-UD-Q4_K_XL.gguf").checkpoint,
+            Checkpoint::kQwen38_FlashNext);
+  EXPECT_EQ(model::identify_name("Qwen3.8-Flash-Nextgen", "").checkpoint, Checkpoint::kOther);
+  EXPECT_EQ(model::identify_name("Qwen3.8 Flash", "").checkpoint, Checkpoint::kOther);
   const auto other = model::identify_name("tiny-chat", "t.gguf");
   EXPECT_EQ(other.checkpoint, Checkpoint::kOther);
   EXPECT_EQ(other.name, "tiny-chat");
+}
+
+TEST(Identity, CheckpointDefaults) {
+  using model::Checkpoint;
+  const auto of = [](const char* name, int mtp_blocks) {
+    return gen::checkpoint_defaults(model::identify_name(name, ""), nullptr, mtp_blocks);
+  };
+  const auto q27 = of("Qwen3.6-27B", 0);
+  EXPECT_EQ(q27.dialect, chat::Dialect::kQwen36);
+  EXPECT_EQ(q27.drafter.kind, gen::DrafterKind::kMtp);  // from a sidecar: the release ships one
+  EXPECT_EQ(q27.drafter.depth, 7);
+  EXPECT_FLOAT_EQ(q27.thinking.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(q27.non_thinking.top_p, 0.8f);
+  // Flash-Next: the Qwen3.8 dialect; no drafter, since qwen4exp files carry no MTP block.
+  const auto flash = of("Qwen3.8 Flash Next", 0);
+  EXPECT_EQ(flash.identity.checkpoint, Checkpoint::kQwen38_FlashNext);
+  EXPECT_EQ(flash.dialect, chat::Dialect::kQwen38);
+  EXPECT_EQ(flash.drafter.kind, gen::DrafterKind::kNone);
+  EXPECT_EQ(gen::to_json(flash).at("checkpoint"), "Qwen3.8-Flash-Next");
+  // An unregistered file drafts only with its own MTP block.
+  EXPECT_EQ(of("tiny-chat", 0).drafter.kind, gen::DrafterKind::kNone);
+  const auto tiny = of("tiny-chat", 1);
+  EXPECT_EQ(tiny.drafter.kind, gen::DrafterKind::kMtp);
+  EXPECT_TRUE(tiny.drafter.in_file);
+  EXPECT_EQ(tiny.drafter.depth, gen::kMtpDraftDepth);
+  EXPECT_EQ(tiny.dialect, chat::Dialect::kQwen35);
 }
 
 }  // namespace

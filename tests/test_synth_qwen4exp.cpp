@@ -90,6 +90,7 @@ TEST(SynthQwen4ExpPle, HeadLayoutMatchesTransformers) {
 TEST(SynthQwen4ExpShape, FlashNextConfigIsTheRelease) {
   const auto shape = model::checkpoint_shape("Qwen3.8-Flash-Next");
   ASSERT_TRUE(shape.has_value());
+  EXPECT_EQ(shape->checkpoint, model::Checkpoint::kQwen38_FlashNext);
   const model::Config& c = shape->config;
   EXPECT_EQ(c.arch, Arch::kQwen4Exp);
   EXPECT_EQ(c.arch_name, "qwen4exp");

@@ -438,6 +438,7 @@ Dialect dialect_for(model::Checkpoint checkpoint) {
     case model::Checkpoint::kQwen36_35B_A3B:
       return Dialect::kQwen36;
     case model::Checkpoint::kQwen38_27B:
+    case model::Checkpoint::kQwen38_FlashNext:
       return Dialect::kQwen38;
     case model::Checkpoint::kOther:
       return Dialect::kQwen35;

@@ -42,6 +42,7 @@ int mtp_draft_depth(model::Checkpoint checkpoint) {
       return 7;  // a check of 3..8 rows costs 2.1-2.3 plain steps
     case model::Checkpoint::kQwen36_35B_A3B:
       return 5;  // 2.0-2.9 plain steps, growing with the rows (the routed experts)
+    case model::Checkpoint::kQwen38_FlashNext:
     case model::Checkpoint::kOther:
       break;
   }
@@ -59,8 +60,11 @@ CheckpointDefaults checkpoint_defaults(const model::Identity& identity,
   if (tokenizer) d.stops = stop_tokens(*tokenizer);
   d.drafter.blocks = mtp_blocks;
   d.drafter.in_file = mtp_blocks > 0;
-  if (mtp_blocks > 0 || identity.checkpoint != model::Checkpoint::kOther)
-    d.drafter.kind = DrafterKind::kMtp;
+  // Flash-Next's MTP head is dropped by the converter and qwen4exp has no MTP forward here, so
+  // only a file that carries MTP blocks asks for the MTP drafter on its own.
+  const bool ships_mtp = identity.checkpoint != model::Checkpoint::kOther &&
+                         identity.checkpoint != model::Checkpoint::kQwen38_FlashNext;
+  if (mtp_blocks > 0 || ships_mtp) d.drafter.kind = DrafterKind::kMtp;
   if (d.drafter.kind == DrafterKind::kMtp) d.drafter.depth = mtp_draft_depth(identity.checkpoint);
   return d;
 }

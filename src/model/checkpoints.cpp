@@ -85,7 +85,8 @@ Config moe_35b_a3b() {
 // defaults (configuration_qwen4_exp.py); several equal them anyway (hc_count 4, hc_lowrank 320,
 // ngram_size 3, heads_per_ngram 8, ngram_vocab_size_base 20000000, seed 1234, num_experts 512,
 // num_experts_per_tok 10, divisor 128). general.name is the registry name (unsloth's files say
-// "Qwen3.8 Flash Next"); the identity registry has no entry for it yet (Checkpoint::kOther).
+// "Qwen3.8 Flash Next", which identifies the same). eos_token_id is one id (248044) in the
+// release, so transformers' eos[0] and the converter's eos[-1] agree on the PLE's EOS.
 // The top-level image_token_id 248056 is transformers' Qwen4ExpConfig default (the converter
 // merges the top level into hparams and writes it as ple.image_token_id).
 // Derived exactly as llama.cpp's converter (conversion/qwen4exp.py) and transformers do: the PLE
@@ -124,7 +125,8 @@ Config flash_next() {
 }
 
 CheckpointShape flash_next_shape() {
-  CheckpointShape s{Checkpoint::kOther, "Qwen3.8-Flash-Next", "512x56B", flash_next()};
+  CheckpointShape s{Checkpoint::kQwen38_FlashNext, checkpoint_name(Checkpoint::kQwen38_FlashNext),
+                    "512x56B", flash_next()};
   s.description = "A Preview of the Qwen4 Architecture";
   s.eos_token_id = 248044;
   s.ple_image_token_id = 248056;
@@ -141,7 +143,6 @@ const std::vector<CheckpointShape>& checkpoint_shapes() {
       {Checkpoint::kQwen36_35B_A3B, checkpoint_name(Checkpoint::kQwen36_35B_A3B), "35B-A3B",
        moe_35b_a3b()},
       {Checkpoint::kQwen38_27B, checkpoint_name(Checkpoint::kQwen38_27B), "27B", dense_27b()},
-      // Not in the identity registry (yet): files identify as kOther under their own name.
       flash_next_shape(),
   };
   return shapes;

@@ -10,10 +10,12 @@
 namespace qwenrt::model {
 namespace {
 
-constexpr std::array<std::pair<Checkpoint, const char*>, 3> kRegistry = {{
+constexpr std::array<std::pair<Checkpoint, const char*>, 4> kRegistry = {{
     {Checkpoint::kQwen36_35B_A3B, "Qwen3.6-35B-A3B"},
     {Checkpoint::kQwen36_27B, "Qwen3.6-27B"},
     {Checkpoint::kQwen38_27B, "Qwen3.8-27B"},
+    // Published GGUFs name it "Qwen3.8 Flash Next" (spaces match '-').
+    {Checkpoint::kQwen38_FlashNext, "Qwen3.8-Flash-Next"},
 }};
 
 std::string lower(std::string s) {
@@ -21,8 +23,9 @@ std::string lower(std::string s) {
   return s;
 }
 
-// `name` occurs in `text` as a whole: not followed by a digit or '.' (so "Qwen3.6-27B" does not
-// match "Qwen3.6-27B0"), case-insensitive, '-' and '_' and ' ' treated alike.
+// `name` occurs in `text` as a whole: not followed by a letter, digit or '.' (so "Qwen3.6-27B"
+// does not match "Qwen3.6-27B0", nor "Qwen3.8-Flash-Next" "...-Nextgen"), case-insensitive, '-' and
+// '_' and ' ' treated alike.
 bool contains_name(const std::string& text, const std::string& name) {
   auto norm = [](std::string s) {
     s = lower(std::move(s));
@@ -35,7 +38,7 @@ bool contains_name(const std::string& text, const std::string& name) {
   for (size_t at = t.find(n); at != std::string::npos; at = t.find(n, at + 1)) {
     const size_t end = at + n.size();
     const bool clean_end =
-        end == t.size() || !(std::isdigit(static_cast<unsigned char>(t[end])) || t[end] == '.');
+        end == t.size() || !(std::isalnum(static_cast<unsigned char>(t[end])) || t[end] == '.');
     const bool clean_start = at == 0 || !std::isalnum(static_cast<unsigned char>(t[at - 1]));
     if (clean_end && clean_start) return true;
   }

@@ -7,7 +7,7 @@
 
 namespace qwenrt::model {
 
-enum class Checkpoint { kQwen36_27B, kQwen36_35B_A3B, kQwen38_27B, kOther };
+enum class Checkpoint { kQwen36_27B, kQwen36_35B_A3B, kQwen38_27B, kQwen38_FlashNext, kOther };
 
 struct Identity {
   Checkpoint checkpoint = Checkpoint::kOther;
