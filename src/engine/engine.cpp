@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory.h"
 
 namespace qwenrt::engine {
 
@@ -53,18 +53,6 @@ bool is_routed_expert_tensor(const std::string& name) {
   return false;
 }
 
-// MemAvailable of /proc/meminfo in bytes (0 when unknown).
-int64_t available_memory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-
 }  // namespace
 
 void Engine::setup_expert_streaming(const EngineOptions& options) {
@@ -84,7 +72,7 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
   int64_t budget = options.expert_cache_bytes;
   if (budget < 0) {
     if (std::string(ops_->name()) != "cpu") return;  // the cpu backend streams; others map
-    const int64_t free = available_memory();
+    const int64_t free = available_memory();  // cgroup limits included
     const int64_t file_bytes = static_cast<int64_t>(file_.file_size());
     if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
     const int64_t others = file_bytes - expert_bytes;
