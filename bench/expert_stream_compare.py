@@ -92,7 +92,8 @@ def run_in_cgroup(cmd, budget, tag):
     group = Cgroup(f"qwenrt-bench-{os.getpid()}-{tag}", int(budget * GiB) if budget else 0)
     try:
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env = dict(os.environ, QWENRT_LOG="info")  # qwenrt logs the cache it chose
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                 preexec_fn=group.enter)
         out, err = proc.communicate()
         wall = time.monotonic() - start
