@@ -75,8 +75,18 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
     const int64_t free = available_memory();  // cgroup limits included
     const int64_t file_bytes = static_cast<int64_t>(file_.file_size());
     if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
+    // What stays mapped (the trunk) plus 512 MiB for activations, state and the loader.
     const int64_t others = file_bytes - expert_bytes;
-    budget = std::max<int64_t>(free - others - (int64_t{1} << 30), 0);
+    budget = free - others - (int64_t{512} << 20);
+    // Below a few tokens' worth of experts the cache only thrashes; run anyway, and say so.
+    const int64_t floor = int64_t{4} * config_.n_expert_used * slot;
+    if (budget < floor) {
+      log(LogLevel::kWarn,
+          "{:.1f} GB free leaves {:.2f} GB for experts after {:.1f} GB of trunk weights: using "
+          "{:.2f} GB (the memory is short; --expert-cache sets the cache)",
+          free / 1e9, std::max<int64_t>(budget, 0) / 1e9, others / 1e9, floor / 1e9);
+      budget = floor;
+    }
     log(LogLevel::kInfo,
         "{:.1f} GB of weights, {:.1f} GB free: streaming the experts through a "
         "{:.1f} GB cache (--expert-cache sets it)",
