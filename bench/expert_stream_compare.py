@@ -118,6 +118,9 @@ def measure(engine, cmd_for, model, budget, n_short, n_long):
         rc, out, err, wall, peak = run_in_cgroup(cmd_for(n), budget, f"{engine}-{n}")
         read = (children_inblock() - before) * 512
         if rc != 0:
+            # SIGKILL under a limit is the cgroup's OOM killer: a result, not a harness failure.
+            if rc == -9 and budget:
+                return None, f"killed by the OOM killer under the {budget} GiB limit"
             sys.exit(f"{engine} failed (budget {budget} GiB, rc {rc}):\n{err[-3000:]}")
         runs[n] = {"out": out, "err": err, "bytes_read": read, "wall_s": wall, "peak": peak}
     long = runs[n_long]
@@ -160,6 +163,10 @@ def main():
                     cache = 0  # no limit: map everything, like llama.cpp
                 run, decode_bytes = measure(engine, qwenrt_cmd(cache), args.model, budget,
                                             args.short, args.n)
+                if run is None:
+                    results.append({"engine": engine, "budget_gib": budget, "error": decode_bytes})
+                    print(f"budget {budget:4.1f} GiB  {engine:9s}  {decode_bytes}", flush=True)
+                    continue
                 bench = json.loads(run["out"])
                 tg = [r for r in bench["results"] if r["test"] == f"tg{args.n}"][0]
                 row = {"tok_s": tg["tok_s_median"], "tok_s_all": [args.n / s for s in tg["seconds"]],
@@ -170,6 +177,10 @@ def main():
             else:
                 run, decode_bytes = measure(engine, llama_cmd, args.model, budget, args.short,
                                             args.n)
+                if run is None:
+                    results.append({"engine": engine, "budget_gib": budget, "error": decode_bytes})
+                    print(f"budget {budget:4.1f} GiB  {engine:9s}  {decode_bytes}", flush=True)
+                    continue
                 tests = json.loads(run["out"])
                 tg = [t for t in tests if t["n_gen"] == args.n][0]
                 row = {"tok_s": tg["avg_ts"], "tok_s_all": tg.get("samples_ts")}

@@ -15,6 +15,13 @@ namespace qwenrt::ops::cpu {
 namespace {
 
 constexpr int64_t kAlign = 64;
+// Loader threads: reads in flight at once (QWENRT_EXPERT_READERS=1..64 overrides, to measure).
+int reader_count() {
+  constexpr int kReaders = 4;
+  const char* v = std::getenv("QWENRT_EXPERT_READERS");
+  const int n = v ? std::atoi(v) : kReaders;
+  return n >= 1 && n <= 64 ? n : kReaders;
+}
 
 int64_t align_up(int64_t x) {
   return (x + kAlign - 1) / kAlign * kAlign;
@@ -64,7 +71,9 @@ ExpertCache::ExpertCache(const std::string& path, const uint8_t* map_base, int64
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->mem = arena_ + i * slot_bytes_;
   }
-  thread_ = std::thread([this] { loader(); });
+  // Several reads in flight: one pread at a time left a virtual disk at ~460 MB/s where
+  // llama.cpp's page faults (with read-ahead) drew ~1.1 GB/s (bench/results/cpu-expert-stream.md).
+  for (int r = reader_count(); r > 0; --r) readers_.emplace_back([this] { loader(); });
 }
 
 ExpertCache::~ExpertCache() {
@@ -73,7 +82,7 @@ ExpertCache::~ExpertCache() {
     stop_ = true;
   }
   queued_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (auto& t : readers_) t.join();
   std::free(arena_);
   if (fd_ >= 0) ::close(fd_);
 }

@@ -1,10 +1,10 @@
 // Routed experts streamed from the GGUF file into a budgeted cache (issue: experts streamed from
 // disk). The trunk stays where it is (mapped, prefaulted); each (layer, expert) of the MoE tensors
 // is read with pread into one fixed-size slot on first use and evicted when the budget is full.
-// A loader thread does the reads, so the MoE op computes the experts already resident while the
-// misses load, and a prefetch (the next layer's router on this layer's input) can start loads
-// before they are asked for. Read pages are dropped from the page cache (POSIX_FADV_DONTNEED) so
-// the budget is the memory the experts take.
+// Loader threads (four reads in flight) do the reads, so the MoE op computes the experts already
+// resident while the misses load, and a prefetch (the next layer's router on this layer's input)
+// can start loads before they are asked for. Read pages are dropped from the page cache
+// (POSIX_FADV_DONTNEED) so the budget is the memory the experts take.
 #pragma once
 
 #include <atomic>
@@ -87,7 +87,7 @@ class ExpertCache {
   std::string error_;  // a failed read, reported by wait()
   std::atomic<bool> failed_{false};
   ExpertCacheStats stats_;
-  std::thread thread_;
+  std::vector<std::thread> readers_;
 };
 
 // Bytes of one slot: the largest expert (gate + up + down, or gate_up + down) of `layers`.
