@@ -74,6 +74,7 @@ bool int8_path(DType t) {
     case DType::IQ4_XS:
     case DType::Q8_0:
     case DType::Q4_0:
+    case DType::Q5_0:
       return true;
     default:
       return false;
@@ -148,13 +149,13 @@ TEST_P(CpuMatmul, MatchesReferenceOnEveryIsa) {
 
 INSTANTIATE_TEST_SUITE_P(FastTypes, CpuMatmul,
                          ::testing::Values(DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS,
-                                           DType::Q8_0, DType::Q4_0, DType::F32, DType::F16,
-                                           DType::BF16),
+                                           DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::F32,
+                                           DType::F16, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 // Types without a fast kernel go through quant::dequantize of rows into fp32.
 INSTANTIATE_TEST_SUITE_P(DequantisedTypes, CpuMatmul,
-                         ::testing::Values(DType::Q2_K, DType::Q3_K, DType::Q4_1, DType::Q5_0,
-                                           DType::Q5_1, DType::IQ4_NL),
+                         ::testing::Values(DType::Q2_K, DType::Q3_K, DType::Q4_1, DType::Q5_1,
+                                           DType::IQ4_NL),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 TEST(CpuMatmul, SecondCallDoesNotGrowScratch) {

@@ -1,9 +1,9 @@
 // The CPU backend's matmul: y [n, out] = x [n, in] @ W^T for W a view [in, out] (ne[0] = in
 // contiguous, row r at data + r * nb[1]).
 //
-// Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, Q4_0 run as integer dots against activations quantised once per
-// call (quant_dot.h); F32, F16, BF16 against fp32 activations; every other type quant/ supports is
-// dequantised row by row into fp32. Batches below kGemmMinTokens (4) stream each weight row once
+// Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, Q4_0, Q5_0 run as integer dots against activations quantised once
+// per call (quant_dot.h); F32, F16, BF16 against fp32 activations; every other type quant/ supports
+// is dequantised row by row into fp32. Batches below kGemmMinTokens (4) stream each weight row once
 // for all tokens (GEMV: memory-bound, rows handed out to threads in chunks); larger
 // batches on AVX-512 VNNI unpack 16-row panels of Q4_K/Q5_K/Q6_K/Q8_0/Q4_0 weights to int8 once
 // and reuse them for every token (matmul_gemm_avx512.cpp). Not reentrant per Context (one Scratch

@@ -17,6 +17,7 @@ ActFormat act_format(DType t) {
       return ActFormat::kQ8K;
     case DType::Q8_0:
     case DType::Q4_0:
+    case DType::Q5_0:
       return ActFormat::kQ8_32;
     default:
       return ActFormat::kF32;

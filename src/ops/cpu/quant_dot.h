@@ -4,7 +4,8 @@
 // Activations are quantised once per matmul input and reused by every weight row (as ggml does):
 //  - BlockQ8K (256 values, fp32 scale, per-16 sums) for the K-quants and IQ4_XS: the sums fold the
 //    K-quants' mins and the unsigned-code offsets out of the inner loop;
-//  - BlockQ8_32 (32 values, fp32 scale, block sum) for Q8_0 and Q4_0 (the sum folds Q4_0's -8).
+//  - BlockQ8_32 (32 values, fp32 scale, block sum) for Q8_0, Q4_0 and Q5_0 (the sum folds their
+//    -8 / -16 offsets).
 // Weight blocks are read from their byte stream with memcpy / unaligned loads (GGUF blocks are not
 // naturally aligned, and ASan/UBSan builds check).
 #pragma once

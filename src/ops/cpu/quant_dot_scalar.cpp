@@ -147,6 +147,25 @@ float dot_q4_0(int64_t nb, const uint8_t* w, const void* act) {
   return sum;
 }
 
+// Q5_0: x = d * (q - 16), q = nibble | fifth bit << 4 (bit j of the u32 qh for element j).
+float dot_q5_0(int64_t nb, const uint8_t* w, const void* act) {
+  const auto* a = static_cast<const BlockQ8_32*>(act);
+  float sum = 0;
+  for (int64_t i = 0; i < nb; ++i, w += 22, ++a) {
+    uint32_t qh;
+    std::memcpy(&qh, w + 2, 4);
+    const uint8_t* q = w + 6;
+    int32_t s = 0;
+    for (int l = 0; l < 16; ++l) {
+      const int lo = (q[l] & 0xF) | ((qh >> l) & 1) << 4;
+      const int hi = (q[l] >> 4) | ((qh >> (l + 16)) & 1) << 4;
+      s += lo * a->qs[l] + hi * a->qs[l + 16];
+    }
+    sum += f16_at(w) * a->d * (s - 16 * a->sum);
+  }
+  return sum;
+}
+
 }  // namespace
 
 DotFn dot_kernel_scalar(DType type) {
@@ -163,6 +182,8 @@ DotFn dot_kernel_scalar(DType type) {
       return dot_q8_0;
     case DType::Q4_0:
       return dot_q4_0;
+    case DType::Q5_0:
+      return dot_q5_0;
     default:
       return nullptr;
   }
