@@ -21,7 +21,7 @@ ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -E '^py\.tokenizer_
 
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-cp tests/fixtures/malformed/*.gguf "$corpus"/ 2>/dev/null || true
+cp tests/fixtures/malformed/*.gguf tests/fixtures/malformed/model/*.gguf "$corpus"/ 2>/dev/null || true
 dict=()
 [ -f fuzz/gguf.dict ] && dict=(-dict=fuzz/gguf.dict)
 build-asan/gguf_reader_fuzz "$corpus" "${dict[@]}" -max_total_time="$fuzz_seconds" \
