@@ -72,7 +72,7 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
   int64_t budget = options.expert_cache_bytes;
   if (budget < 0) {
     if (std::string(ops_->name()) != "cpu") return;  // the cpu backend streams; others map
-    const int64_t free = available_memory();  // cgroup limits included
+    const int64_t free = available_memory();         // cgroup limits included
     const int64_t file_bytes = static_cast<int64_t>(file_.file_size());
     if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
     // What stays mapped (the trunk) plus 512 MiB for activations, state and the loader.
