@@ -552,6 +552,11 @@ def model_cases():
     def add(name, data, *expect):
         cases.append((f"qwen4exp_{name}.gguf", data, list(expect)))
 
+    # -- the architecture name, echoed in the message with its control bytes escaped (a fuzzer
+    # find: a '\n' in it split the error over two lines) --
+    add("arch_control_bytes",
+        build([("general.architecture", string("qwe\n\x1b[31m"))], qwen4exp_tensors()).data,
+        "general.architecture", "got 'qwe\\x0a\\x1b[31m'")
     # -- layer kinds --
     add("recurrent_layers_short", qwen4exp_file({"attention.recurrent_layers": bools([False])}),
         a + "attention.recurrent_layers", "at least 2 entries", "got 1")

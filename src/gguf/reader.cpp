@@ -164,8 +164,8 @@ class Parser {
   const Limits& limits_;
 };
 
-// Keys and tensor names in messages are bytes from the file: escape control bytes so that an
-// error stays one printable line (a '\n' or an escape sequence in a key must not reach a terminal).
+}  // namespace
+
 std::string one_line(std::string_view message) {
   std::string out;
   out.reserve(message.size());
@@ -179,8 +179,6 @@ std::string one_line(std::string_view message) {
   }
   return out;
 }
-
-}  // namespace
 
 std::string TensorInfo::shape_string() const {
   std::string s = "[";

@@ -165,7 +165,7 @@ Config Config::from_gguf(const gguf::File& file) {
     c.arch = Arch::kQwen4Exp;
   } else {
     fail("{}: general.architecture: expected 'qwen35', 'qwen35moe' or 'qwen4exp', got '{}'",
-         file.path(), *arch);
+         file.path(), gguf::one_line(*arch));
   }
   c.arch_name = *arch;
   const KeyReader k(file, *arch);

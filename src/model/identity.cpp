@@ -71,13 +71,13 @@ Identity identify_name(const std::string& general_name, const std::string& file_
     // Two names in one (a merge, a comparison): the evidence contradicts itself, so neither
     // checkpoint's defaults are safe to assume.
     if (found.size() > 1) {
-      log(LogLevel::kInfo, "model '{}' names both {} and {}; running it under its own name", *text,
-          checkpoint_name(found[0]), checkpoint_name(found[1]));
+      log(LogLevel::kInfo, "model '{}' names both {} and {}; running it under its own name",
+          gguf::one_line(*text), checkpoint_name(found[0]), checkpoint_name(found[1]));
       return {Checkpoint::kOther, own};
     }
   }
   log(LogLevel::kInfo, "model '{}' is not a registered checkpoint; running it under its own name",
-      own);
+      gguf::one_line(own));
   return {Checkpoint::kOther, own};
 }
 
