@@ -157,16 +157,16 @@ def main():
     results = []
     for budget in [float(b) for b in args.budgets.split(",")]:
         for engine in args.engines.split(","):
+            cache = args.qwenrt_cache
+            if not budget and cache is None:
+                cache = 0  # no limit: map everything, like llama.cpp
+            cmd_for = qwenrt_cmd(cache) if engine == "qwenrt" else llama_cmd
+            run, decode_bytes = measure(engine, cmd_for, args.model, budget, args.short, args.n)
+            if run is None:  # decode_bytes holds why
+                results.append({"engine": engine, "budget_gib": budget, "error": decode_bytes})
+                print(f"budget {budget:4.1f} GiB  {engine:9s}  {decode_bytes}", flush=True)
+                continue
             if engine == "qwenrt":
-                cache = args.qwenrt_cache
-                if not budget and cache is None:
-                    cache = 0  # no limit: map everything, like llama.cpp
-                run, decode_bytes = measure(engine, qwenrt_cmd(cache), args.model, budget,
-                                            args.short, args.n)
-                if run is None:
-                    results.append({"engine": engine, "budget_gib": budget, "error": decode_bytes})
-                    print(f"budget {budget:4.1f} GiB  {engine:9s}  {decode_bytes}", flush=True)
-                    continue
                 bench = json.loads(run["out"])
                 tg = [r for r in bench["results"] if r["test"] == f"tg{args.n}"][0]
                 row = {"tok_s": tg["tok_s_median"], "tok_s_all": [args.n / s for s in tg["seconds"]],
@@ -175,12 +175,6 @@ def main():
                 row["cache_note"] = chosen[0].strip() if chosen else (
                     f"--expert-cache {cache}" if cache is not None else "")
             else:
-                run, decode_bytes = measure(engine, llama_cmd, args.model, budget, args.short,
-                                            args.n)
-                if run is None:
-                    results.append({"engine": engine, "budget_gib": budget, "error": decode_bytes})
-                    print(f"budget {budget:4.1f} GiB  {engine:9s}  {decode_bytes}", flush=True)
-                    continue
                 tests = json.loads(run["out"])
                 tg = [t for t in tests if t["n_gen"] == args.n][0]
                 row = {"tok_s": tg["avg_ts"], "tok_s_all": tg.get("samples_ts")}

@@ -23,11 +23,11 @@
 
 namespace qwenrt::gguf {
 
-// Limits on untrusted input (beyond "must fit in the file").
 // Strings from a file in messages (keys, names, values): control bytes escaped as \xNN, so that
 // a message stays one printable line (a '\n' or an escape sequence must not reach a terminal).
 std::string one_line(std::string_view text);
 
+// Limits on untrusted input (beyond "must fit in the file").
 struct Limits {
   uint64_t max_string_bytes = 64ull << 20;  // one string (a chat template is ~10 KB)
   uint64_t max_array_items = 4ull << 20;    // one array (a vocabulary is ~250k entries)

@@ -71,8 +71,9 @@ ExpertCache::ExpertCache(const std::string& path, const uint8_t* map_base, int64
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->mem = arena_ + i * slot_bytes_;
   }
-  // Several reads in flight: one pread at a time left a virtual disk at ~460 MB/s where
-  // llama.cpp's page faults (with read-ahead) drew ~1.1 GB/s (bench/results/cpu-expert-stream.md).
+  // Several reads in flight: one pread at a time drew ~510 MB/s from the virtual disk here, four
+  // ~670 MB/s, where llama.cpp's page faults (with read-ahead) drew ~1.1 GB/s
+  // (bench/results/cpu-expert-stream-vs-llamacpp.md).
   for (int r = reader_count(); r > 0; --r) readers_.emplace_back([this] { loader(); });
 }
 
