@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -13,6 +14,7 @@
 
 #include "core/error.h"
 #include "gguf/reader.h"
+#include "gguf/split.h"
 #include "hub/cache.h"
 #include "hub/model_ref.h"
 #include "hub/progress.h"
@@ -65,6 +67,18 @@ json lfs(const std::string& path) {
   return {{"path", path}, {"lfs", true}};
 }
 
+// The tiny trained model as a split GGUF of three parts (gguf/split.h).
+const std::vector<std::string>& split_parts() {
+  static const std::vector<std::string> parts = [] {
+    const std::string dir = testing_support::temp_path("split-parts");
+    fs::create_directories(dir);
+    const gguf::File src = gguf::File::open(kTinyModel).value();
+    return gguf::write_split(src, dir + "/tiny",
+                             {.max_part_tensors = (src.tensors().size() + 2) / 3});
+  }();
+  return parts;
+}
+
 // One official repo and one community repo with several quants, a projector and a drafter.
 json hub_config() {
   return {{"token", "hf_secret"},
@@ -74,6 +88,9 @@ json hub_config() {
               {"files",
                {{"Qwen3.6-27B-Q4_K_M.gguf", lfs(official_file())},
                 {"Qwen3.6-27B-Q8_0.gguf", lfs(kTinyModel)},
+                {"Qwen3.6-27B-Q6_K-00001-of-00003.gguf", lfs(split_parts()[0])},
+                {"Qwen3.6-27B-Q6_K-00002-of-00003.gguf", lfs(split_parts()[1])},
+                {"Qwen3.6-27B-Q6_K-00003-of-00003.gguf", lfs(split_parts()[2])},
                 {"README.md", {{"text", "# Qwen3.6-27B GGUF\n"}}}}}}},
             {"someone/Tiny-GGUF",
              {{"commit", kCommit2},
@@ -263,7 +280,25 @@ TEST(HubNames, QuantChoosesOneTrunkFile) {
                                           "X-Q4_K_M_L.gguf"};
   EXPECT_EQ(hub::choose_quant_file("o/X", files, "Q4_K_M"), "X-Q4_K_M.gguf");
   EXPECT_EQ(hub::choose_quant_file("o/X", files, "q8_0"), "X-Q8_0.gguf");
-  EXPECT_THROW(hub::choose_quant_file("o/X", files, "Q6_K"), Error);  // split files only
+  EXPECT_EQ(hub::choose_quant_file("o/X", files, "Q6_K"), "big/X-Q6_K-00001-of-00002.gguf");
+  try {  // a part missing from the listing
+    hub::choose_quant_file("o/X", {"X-Q6_K-00001-of-00003.gguf", "X-Q6_K-00003-of-00003.gguf"},
+                           "Q6_K");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("split into 3 parts, but the repo has no "
+                                         "X-Q6_K-00002-of-00003.gguf"),
+              std::string::npos)
+        << e.what();
+  }
+  // A whole file wins over parts of the same quant.
+  EXPECT_EQ(hub::choose_quant_file("o/X", {"X-Q6_K-00001-of-00001.gguf", "X-Q6_K.gguf"}, "Q6_K"),
+            "X-Q6_K.gguf");
+  EXPECT_EQ(hub::split_part_of("a/X-Q6_K-00002-of-00003.gguf")->index, 1u);
+  EXPECT_EQ(hub::split_part_of("a/X-Q6_K-00002-of-00003.gguf")->count, 3u);
+  EXPECT_FALSE(hub::split_part_of("X-Q6_K-2-of-3.gguf"));
+  EXPECT_FALSE(hub::split_part_of("X-Q6_K-00004-of-00003.gguf"));
+  EXPECT_FALSE(hub::split_part_of("X-Q6_K-00000-of-00003.gguf"));
   try {
     hub::choose_quant_file("o/X", files, "Q2_K");
     FAIL();
@@ -495,6 +530,49 @@ TEST_F(HubTest, RetriesACutConnectionWithinOneRun) {
   EXPECT_LE(second, first + 300000);
 }
 
+TEST_F(HubTest, AnExpiredCdnLinkIsAskedForAgainAndTheDownloadResumes) {
+  // Each signed link serves one request: after a cut, the retry's link has expired (403).
+  auto config = hub_config();
+  config["cut_after"] = 300000;
+  config["cut_count"] = 1;
+  config["expire_links"] = true;
+  hub_->set_config(config);
+  auto o = options();
+  o.retries = 1;
+  std::vector<std::string> notes;
+  o.notice = [&](const std::string& n) { notes.push_back(n); };
+  const auto r = resolve("Qwen3.6-27B:Q8_0", o);
+  EXPECT_EQ(read_all(r.path), read_all(kTinyModel));
+  const auto cdn = requests("cdn", "GET");
+  ASSERT_EQ(cdn.size(), 3u);  // cut, expired, resumed on the new link
+  EXPECT_EQ(cdn[0]["path"], cdn[1]["path"]);
+  EXPECT_NE(cdn[2]["path"], cdn[1]["path"]);
+  EXPECT_TRUE(cdn[2]["range"].is_string());
+  const auto heads = requests("hub", "HEAD");
+  EXPECT_EQ(heads.size(), 2u);
+  EXPECT_TRUE(std::any_of(notes.begin(), notes.end(), [](const std::string& n) {
+    return n.find("link expired") != std::string::npos;
+  }));
+  // Without a hub to ask, an expired link is an error naming the answer.
+  fs::remove_all(cache_);
+  config["cut_count"] = 0;
+  config["expire_links"] = true;
+  hub_->set_config(config);
+  const std::string incomplete = testing_support::temp_path("expired.incomplete");
+  fs::remove(incomplete);
+  hub::DownloadSpec spec{.url = "http://127.0.0.1:" + std::to_string(hub_->cdn_port()) +
+                                cdn[0]["path"].get<std::string>(),
+                         .incomplete_path = incomplete,
+                         .size = fs::file_size(kTinyModel),
+                         .label = "expired"};
+  try {
+    hub::download(spec, {.retries = 0, .retry_delay_s = 0});
+    FAIL() << "a used link must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("HTTP 403"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(HubTest, AServerIgnoringRangeStartsTheFileAgain) {
   auto config = hub_config();
   config["ignore_range"] = true;
@@ -550,13 +628,90 @@ TEST_F(HubTest, QuantPicksTheFileAndSidecarsResolveTheSameWay) {
   hub_->clear_log();
   EXPECT_EQ(resolve("someone/Tiny-GGUF:Q8_0", o).path, r.path);
   EXPECT_TRUE(hub_->requests().empty());
-  // A split quant is refused by name.
+  // A split quant of which the repo has only some parts is refused by name.
   try {
     resolve("someone/Tiny-GGUF:Q4_K_M", options());
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("split"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("split into 2 parts, but the repo has no "
+                                         "Tiny-Q4_K_M-00002-of-00002.gguf"),
+              std::string::npos)
+        << e.what();
   }
+}
+
+TEST_F(HubTest, SplitQuantDownloadsEveryPartAndOpensAsOneModel) {
+  // The official name's single file is not there: the listing has it in three parts.
+  const auto r = resolve("Qwen3.6-27B:Q6_K", options());
+  EXPECT_EQ(r.file, "Qwen3.6-27B-Q6_K-00001-of-00003.gguf");
+  EXPECT_TRUE(r.downloaded);
+  EXPECT_EQ(requests("cdn", "GET").size(), 3u);
+  const std::string snapshot = repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/snapshots/" + kCommit;
+  EXPECT_EQ(r.path, snapshot + "/Qwen3.6-27B-Q6_K-00001-of-00003.gguf");
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(read_all(snapshot + fmt::format("/Qwen3.6-27B-Q6_K-0000{}-of-00003.gguf", i + 1)),
+              read_all(split_parts()[i]));
+  }
+  const gguf::File split = gguf::File::open(r.path).value();
+  const gguf::File whole = gguf::File::open(kTinyModel).value();
+  EXPECT_EQ(split.parts().size(), 3u);
+  ASSERT_EQ(split.tensors().size(), whole.tensors().size());
+  for (size_t i = 0; i < whole.tensors().size(); ++i) {
+    const auto& a = whole.tensors()[i];
+    const auto& b = split.tensors()[i];
+    ASSERT_EQ(a.name, b.name);
+    ASSERT_EQ(a.n_bytes, b.n_bytes);
+    EXPECT_EQ(std::memcmp(a.data, b.data, a.n_bytes), 0) << a.name;
+  }
+  // Named by a later part, a repo's split resolves to its first part; offline, from the cache.
+  auto o = options();
+  o.offline = true;
+  hub_->clear_log();
+  EXPECT_EQ(resolve("ggml-org/Qwen3.6-27B-GGUF:Qwen3.6-27B-Q6_K-00002-of-00003.gguf", o).path,
+            r.path);
+  EXPECT_EQ(resolve("ggml-org/Qwen3.6-27B-GGUF:Q6_K", o).path, r.path);
+  EXPECT_TRUE(hub_->requests().empty());
+  // ls: one entry for the three parts, their sizes summed.
+  const auto listing = hub::list_cache(cache_);
+  const auto it = std::find_if(listing.files.begin(), listing.files.end(), [](const auto& f) {
+    return f.file.find("Q6_K") != std::string::npos;
+  });
+  ASSERT_NE(it, listing.files.end());
+  EXPECT_EQ(it->file, "Qwen3.6-27B-Q6_K-00001-of-00003.gguf");
+  EXPECT_EQ(it->parts, 3);
+  EXPECT_EQ(it->parts_cached, 3);
+  EXPECT_EQ(it->size, fs::file_size(split_parts()[0]) + fs::file_size(split_parts()[1]) +
+                          fs::file_size(split_parts()[2]));
+  EXPECT_EQ(std::count_if(listing.files.begin(), listing.files.end(),
+                          [](const auto& f) { return f.file.find("Q6_K") != std::string::npos; }),
+            1);
+}
+
+TEST_F(HubTest, SplitPartsComeFromOneCacheNeverHalfFromLlamaCpps) {
+  const std::string llama = testing_support::temp_path("llama-cache-split");
+  fs::remove_all(llama);
+  fs::create_directories(llama);
+  auto flat = [&](int i) {
+    return llama +
+           fmt::format("/ggml-org_Qwen3.6-27B-GGUF_Qwen3.6-27B-Q6_K-0000{}-of-00003.gguf", i + 1);
+  };
+  // Two of three parts in llama.cpp's flat cache: all three come into ours.
+  fs::copy_file(split_parts()[0], flat(0));
+  fs::copy_file(split_parts()[1], flat(1));
+  auto o = options();
+  o.llama_cache_dir = llama;
+  auto r = resolve("Qwen3.6-27B:Q6_K", o);
+  EXPECT_EQ(r.path, repo_dir("ggml-org/Qwen3.6-27B-GGUF") + "/snapshots/" + kCommit +
+                        "/Qwen3.6-27B-Q6_K-00001-of-00003.gguf");
+  EXPECT_EQ(gguf::File::open(r.path).value().parts().size(), 3u);
+  // All three there: used where they are, nothing fetched.
+  fs::remove_all(cache_);
+  fs::copy_file(split_parts()[2], flat(2));
+  hub_->clear_log();
+  r = resolve("Qwen3.6-27B:Q6_K", o);
+  EXPECT_EQ(r.path, flat(0));
+  EXPECT_TRUE(requests("cdn").empty());
+  EXPECT_EQ(gguf::File::open(r.path).value().parts().size(), 3u);
 }
 
 TEST_F(HubTest, UsesWhatLlamaCppDownloadedWhenItMatchesTheHub) {
@@ -601,7 +756,7 @@ TEST_F(HubTest, HubErrorsNameWhatWasAskedAndWhatHappened) {
   EXPECT_NE(m.find("not found"), std::string::npos) << m;
   m = error_of([&] { resolve("Qwen3.6-27B:Q2_K", o); });
   EXPECT_NE(m.find("has no file Qwen3.6-27B-Q2_K.gguf"), std::string::npos) << m;
-  EXPECT_NE(m.find("quants there: Q4_K_M, Q8_0"), std::string::npos) << m;
+  EXPECT_NE(m.find("quants there: Q4_K_M, Q6_K, Q8_0"), std::string::npos) << m;
   m = error_of([&] { resolve("someone/Private-GGUF:p.gguf", o); });
   EXPECT_NE(m.find("HTTP 401"), std::string::npos) << m;
   EXPECT_NE(m.find("HF_TOKEN"), std::string::npos) << m;

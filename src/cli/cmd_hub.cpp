@@ -39,9 +39,11 @@ int run_pull(const PullOptions& opt) {
 
 // What to pass to -m for a cached file: the official name where it is one.
 std::string model_name(const hub::CachedFile& f) {
+  // A split GGUF by the name its parts share ("x-Q8_0-00001-of-00003.gguf" is "x-Q8_0.gguf").
+  const std::string file = f.parts > 1 ? f.file.substr(0, f.file.size() - 20) + ".gguf" : f.file;
   for (const auto& r : hub::official_repos()) {
-    const std::string quant = hub::quant_of(f.file);
-    if (r.repo == f.repo && !quant.empty() && r.file(quant) == f.file) return r.name + ":" + quant;
+    const std::string quant = hub::quant_of(file);
+    if (r.repo == f.repo && !quant.empty() && r.file(quant) == file) return r.name + ":" + quant;
   }
   return f.repo + ":" + f.file;
 }
@@ -59,6 +61,10 @@ int run_ls(bool json) {
                        {"refs", f.refs},
                        {"size", f.size},
                        {"path", f.path}});
+      if (f.parts > 1) {
+        files.back()["parts"] = f.parts;
+        files.back()["parts_cached"] = f.parts_cached;
+      }
     }
     std::puts(nlohmann::json({{"cache_dir", hub.cache_dir},
                               {"files", files},
@@ -76,8 +82,13 @@ int run_ls(bool json) {
   for (const auto& f : listing.files) {
     std::string refs;
     for (const auto& r : f.refs) refs += (refs.empty() ? "" : ",") + r;
-    fmt::print("{:<{}}  {:>10}  {:<12}  {}\n", model_name(f), width, hub::human_size(f.size),
-               f.commit.substr(0, 12), refs.empty() ? "-" : refs);
+    const std::string parts =
+        f.parts == 1 ? ""
+        : f.parts_cached == f.parts
+            ? fmt::format("  ({} parts)", f.parts)
+            : fmt::format("  ({} of {} parts cached: pull it again)", f.parts_cached, f.parts);
+    fmt::print("{:<{}}  {:>10}  {:<12}  {}{}\n", model_name(f), width, hub::human_size(f.size),
+               f.commit.substr(0, 12), refs.empty() ? "-" : refs, parts);
     total += f.size;
   }
   fmt::print("{} GGUF file{}, {} in {}\n", listing.files.size(),

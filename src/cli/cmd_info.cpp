@@ -99,6 +99,11 @@ int run_info(const InfoOptions& opt) {
   const auto file_type = file.get_uint("general.file_type");
   fmt::print("file:          {} ({} bytes, GGUF v{})\n", file.path(), file.file_size(),
              file.version());
+  const std::vector<gguf::Part> parts = file.parts();
+  if (parts.size() > 1) {
+    fmt::print("split:         {} parts\n", parts.size());
+    for (const auto& p : parts) fmt::print("  {} ({} bytes)\n", p.path, p.size);
+  }
   fmt::print("architecture:  {}\n", arch.value_or("(missing general.architecture)"));
   fmt::print("name:          {}\n", name.value_or("(none)"));
   fmt::print("file type:     {}\n", file_type ? gguf::file_type_name(*file_type) : "(none)");
@@ -121,10 +126,14 @@ int run_info(const InfoOptions& opt) {
     fmt::print("  {} = {}\n", kv.key, kv.value.to_display());
   }
   if (opt.tensors) {
-    fmt::print("{:<48} {:<8} {:<28} {:>14}\n", "name", "type", "shape", "offset");
+    // The offset in the file holding the tensor (a split GGUF's part, numbered from 1).
+    const bool split = parts.size() > 1;
+    fmt::print("{:<48} {:<8} {:<28} {:>14}{}\n", "name", "type", "shape", "offset",
+               split ? "  part" : "");
     for (const auto& t : file.tensors()) {
-      fmt::print("{:<48} {:<8} {:<28} {:>14}\n", t.name, dtype_name(t.dtype), t.shape_string(),
-                 file.data_offset() + t.offset);
+      fmt::print("{:<48} {:<8} {:<28} {:>14}{}\n", t.name, dtype_name(t.dtype), t.shape_string(),
+                 parts[t.part].data_offset + t.offset,
+                 split ? fmt::format("  {:>4}", t.part + 1) : "");
     }
   }
   return 0;

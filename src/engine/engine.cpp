@@ -92,8 +92,9 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
         "{:.1f} GB cache (--expert-cache sets it)",
         file_bytes / 1e9, free / 1e9, budget / 1e9);
   }
-  ops_->stream_experts({.path = file_.path(),
-                        .map_base = file_.base(),
+  std::vector<ops::MappedPart> files;
+  for (const gguf::Part& p : file_.parts()) files.push_back({p.path, p.base, p.size});
+  ops_->stream_experts({.files = std::move(files),
                         .budget_bytes = budget,
                         .slot_bytes = slot,
                         .min_slots = config_.n_expert_used});

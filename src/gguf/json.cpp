@@ -22,6 +22,12 @@ nlohmann::json to_json(const File& file) {
   out["version"] = file.version();
   out["alignment"] = file.alignment();
   out["data_offset"] = file.data_offset();
+  const std::vector<Part> parts = file.parts();
+  if (parts.size() > 1) {
+    auto& list = out["parts"] = nlohmann::json::array();
+    for (const auto& p : parts)
+      list.push_back({{"path", p.path}, {"size", p.size}, {"data_offset", p.data_offset}});
+  }
   auto& metadata = out["metadata"] = nlohmann::json::array();
   for (const auto& kv : file.metadata()) {
     nlohmann::json entry = {{"key", kv.key}, {"type", value_type_name(kv.value.type)}};
@@ -38,6 +44,7 @@ nlohmann::json to_json(const File& file) {
                        {"shape", std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims)},
                        {"offset", t.offset},
                        {"n_bytes", t.n_bytes}});
+    if (parts.size() > 1) tensors.back()["part"] = t.part;
   }
   return out;
 }

@@ -191,6 +191,9 @@ Expected<File> File::open(const std::string& path, const Limits& limits) {
     File f(MappedFile::open(path));
     try {
       f.parse(limits);
+      if (limits.single_part) return f;
+      if (const uint64_t count = f.split_count(limits); count > 1)
+        f.open_other_parts(count, limits);
     } catch (const Error& e) {
       throw Error(one_line(e.what()));
     }
@@ -204,11 +207,97 @@ Expected<File> File::from_bytes(std::span<const uint8_t> bytes, std::string name
     File f(MappedFile::from_bytes(bytes, std::move(name)));
     try {
       f.parse(limits);
+      if (limits.single_part) return f;
+      if (const uint64_t count = f.split_count(limits); count > 1)
+        fail("{}: the first part of a split GGUF ({} parts): its other parts are read from files",
+             f.path(), count);
     } catch (const Error& e) {
       throw Error(one_line(e.what()));
     }
     return f;
   });
+}
+
+std::optional<std::string> split_part_path(std::string_view first, uint64_t index, uint64_t count) {
+  const std::string tail = fmt::format("-00001-of-{:05}.gguf", count);
+  if (index >= count || first.size() <= tail.size() || !first.ends_with(tail)) return std::nullopt;
+  return fmt::format("{}-{:05}-of-{:05}.gguf", first.substr(0, first.size() - tail.size()),
+                     index + 1, count);
+}
+
+uint64_t File::split_count(const Limits& limits) const {
+  const auto count = get_uint("split.count");
+  if (!count || *count == 1) return 1;
+  if (*count == 0) fail("{}: split.count is 0", path());
+  if (*count > limits.max_split_parts)
+    fail("{}: split.count {} exceeds the limit of {} parts", path(), *count,
+         limits.max_split_parts);
+  const auto no = get_uint("split.no");
+  if (!no) fail("{}: split.count is {} but split.no is missing", path(), *count);
+  if (*no >= *count) fail("{}: split.no {} is not below split.count {}", path(), *no, *count);
+  if (*no != 0) {
+    // Part k's name is NAME-0000k-of-0000N.gguf: say which file to open.
+    const std::string tail = fmt::format("-{:05}-of-{:05}.gguf", *no + 1, *count);
+    const std::string& p = path();
+    const std::string first =
+        p.ends_with(tail)
+            ? fmt::format("{}-00001-of-{:05}.gguf", p.substr(0, p.size() - tail.size()), *count)
+            : "its first part";
+    fail("{}: part {} of a split GGUF of {} parts: open {}", p, *no + 1, *count, first);
+  }
+  return *count;
+}
+
+void File::open_other_parts(uint64_t count, const Limits& limits) {
+  const auto total = get_uint("split.tensors.count");
+  for (uint64_t i = 1; i < count; ++i) {
+    const auto part_path = split_part_path(path(), i, count);
+    if (!part_path)
+      fail(
+          "{}: split.count is {}, but the name does not end in -00001-of-{:05}.gguf, so its other "
+          "parts cannot be found",
+          path(), count, count);
+    File part(MappedFile::open(*part_path));
+    part.parse(limits);
+    const auto what = [&] { return fmt::format("{} (part {} of {})", *part_path, i + 1, count); };
+    const auto no = part.get_uint("split.no");
+    const auto n = part.get_uint("split.count");
+    if (!no || !n) fail("{}: split.no / split.count missing: not a part of {}", what(), path());
+    if (*n != count)
+      fail("{}: split.count is {}, the first part's is {}: not a part of {}", what(), *n, count,
+           path());
+    if (*no != i) fail("{}: split.no is {}, expected {}", what(), *no, i);
+    if (const auto t = part.get_uint("split.tensors.count"); t && total && *t != *total)
+      fail("{}: split.tensors.count is {}, the first part's is {}", what(), *t, *total);
+    if (tensors_.size() + part.tensors_.size() > limits.max_tensors)
+      fail("{}: the parts so far hold more than the limit of {} tensors", what(),
+           limits.max_tensors);
+    for (auto& t : part.tensors_) {
+      if (const TensorInfo* dup = find_tensor(t.name))
+        fail("{}: tensor '{}' is also in part {}", what(), t.name, dup->part + 1);
+      t.part = static_cast<int>(other_parts_.size() + 1);
+      tensor_index_.emplace(t.name, tensors_.size());
+      tensors_.push_back(std::move(t));
+    }
+    // The mapping does not move with the MappedFile: the tensors' data pointers stay valid.
+    other_parts_.push_back({std::move(part.file_), part.data_offset_});
+  }
+  if (total && *total != tensors_.size())
+    fail("{}: split.tensors.count is {}, the {} parts hold {} tensors", path(), *total, count,
+         tensors_.size());
+}
+
+uint64_t File::file_size() const {
+  uint64_t size = file_.size();
+  for (const auto& p : other_parts_) size += p.file.size();
+  return size;
+}
+
+std::vector<Part> File::parts() const {
+  std::vector<Part> parts{{file_.path(), file_.data(), file_.size(), data_offset_}};
+  for (const auto& p : other_parts_)
+    parts.push_back({p.file.path(), p.file.data(), p.file.size(), p.data_offset});
+  return parts;
 }
 
 void File::parse(const Limits& limits) {

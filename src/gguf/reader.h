@@ -1,9 +1,16 @@
-// GGUF reader (versions 2 and 3).
+// GGUF reader (versions 2 and 3), of one file or of a split GGUF's parts.
 //
 // Everything read from the file is checked before use: counts, lengths, shapes and offsets with
 // overflow-safe arithmetic, string and array lengths against caps and the bytes left, tensor data
 // inside the file, no two tensors overlapping, no duplicate names or keys. A File that opened
 // successfully is safe to index without further checks.
+//
+// Split GGUFs (llama.cpp's gguf-split, gguf-py's writer with a split size): the first part,
+// NAME-00001-of-0000N.gguf, holds the metadata and keys split.no = 0, split.count = N and
+// split.tensors.count; parts 2..N sit beside it under the same name, each with its own header
+// (split.no, split.count and split.tensors.count again) and tensors whose offsets are relative to
+// that part's data section. Opening the first part opens them all; the metadata is the first
+// part's, the tensors are those of every part, in part order.
 #pragma once
 
 #include <array>
@@ -35,7 +42,24 @@ struct Limits {
   uint64_t max_keys = 1ull << 20;
   uint64_t max_tensor_name_bytes = 1024;
   uint64_t max_alignment = 1ull << 20;
-  int max_array_depth = 4;  // arrays of arrays
+  int max_array_depth = 4;          // arrays of arrays
+  uint64_t max_split_parts = 1024;  // a split GGUF's files (50 GB each on the hub: 50 TB)
+  // One part of a split GGUF read alone, as a file with its own keys and tensors (tools that
+  // rewrite parts); otherwise the first part opens them all and a later part is refused.
+  bool single_part = false;
+};
+
+// The name of part `index` (0-based) of a split GGUF of `count` parts whose first part is
+// `first`: "x-00001-of-00003.gguf" -> "x-0000{index + 1}-of-00003.gguf". nullopt when `first`
+// does not end in "-00001-of-{count:05}.gguf".
+std::optional<std::string> split_part_path(std::string_view first, uint64_t index, uint64_t count);
+
+// One file of a GGUF: the file itself, or one part of a split GGUF.
+struct Part {
+  std::string path;
+  const uint8_t* base = nullptr;  // its first byte in memory (mapped)
+  uint64_t size = 0;              // bytes
+  uint64_t data_offset = 0;       // where its data section starts
 };
 
 struct TensorInfo {
@@ -43,9 +67,10 @@ struct TensorInfo {
   DType dtype = DType::F32;                      // always a type GGUF defines
   int n_dims = 0;                                // 1..4
   std::array<int64_t, kMaxDims> ne{1, 1, 1, 1};  // ggml order: ne[0] is contiguous
-  uint64_t offset = 0;                           // from the start of the data section
+  uint64_t offset = 0;                           // from the start of its part's data section
   uint64_t n_bytes = 0;
   const uint8_t* data = nullptr;  // inside the mapped file
+  int part = 0;                   // the part of a split GGUF holding the data (0: the first)
 
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
   TensorView view() const { return TensorView::contiguous(dtype, n_dims, ne, data); }
@@ -54,17 +79,20 @@ struct TensorInfo {
 
 class File {
  public:
+  // A single file, or the first part of a split GGUF with all its parts (errors name the part
+  // and the key: a part missing, out of order or from another split, tensors counted wrong).
   static Expected<File> open(const std::string& path, const Limits& limits = {});
+  // One file's bytes; a split GGUF's first part is refused (its other parts are files).
   static Expected<File> from_bytes(std::span<const uint8_t> bytes, std::string name = "<memory>",
                                    const Limits& limits = {});
 
-  const std::string& path() const { return file_.path(); }
+  const std::string& path() const { return file_.path(); }  // the first part's, when split
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
-  uint64_t data_offset() const { return data_offset_; }
-  uint64_t file_size() const { return file_.size(); }
-  // The first byte of the file in memory: a tensor's data - base() is its offset in the file.
-  const uint8_t* base() const { return file_.data(); }
+  uint64_t data_offset() const { return data_offset_; }  // the first part's
+  uint64_t file_size() const;                            // all parts together
+  // The files holding the tensors: one, or a split GGUF's parts in order.
+  std::vector<Part> parts() const;
 
   const std::vector<KeyValue>& metadata() const { return metadata_; }
   const Value* find(std::string_view key) const;
@@ -83,8 +111,15 @@ class File {
  private:
   explicit File(MappedFile file) : file_(std::move(file)) {}
   void parse(const Limits& limits);
+  uint64_t split_count(const Limits& limits) const;  // 1 for a file that is not split
+  void open_other_parts(uint64_t count, const Limits& limits);
 
   MappedFile file_;
+  struct OtherPart {
+    MappedFile file;
+    uint64_t data_offset;
+  };
+  std::vector<OtherPart> other_parts_;  // a split GGUF's parts 2..N
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;

@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <system_error>
 #include <tuple>
 
 #include "core/error.h"
+#include "hub/model_ref.h"
 
 namespace qwenrt::hub {
 namespace fs = std::filesystem;
@@ -292,6 +294,30 @@ CacheListing list_cache(const std::string& cache) {
       }
     }
   }
+  // A split GGUF's parts become one entry under the name of its first part.
+  std::vector<CachedFile> files;
+  std::map<std::tuple<std::string, std::string, std::string>, size_t> sets;  // first part -> entry
+  for (auto& f : listing.files) {
+    const auto part = split_part_of(f.file);
+    if (!part || part->count == 1) {
+      files.push_back(std::move(f));
+      continue;
+    }
+    const std::string first = split_part_files(f.file, *part).front();
+    const auto [it, added] = sets.try_emplace({f.repo, f.commit, first}, files.size());
+    if (added) {
+      CachedFile set = f;
+      set.file = first;
+      set.path = (fs::path(f.path).parent_path() / fs::path(first).filename()).string();
+      set.size = 0;
+      set.parts = static_cast<int>(part->count);
+      set.parts_cached = 0;
+      files.push_back(std::move(set));
+    }
+    files[it->second].size += f.size;
+    ++files[it->second].parts_cached;
+  }
+  listing.files = std::move(files);
   std::sort(listing.files.begin(), listing.files.end(), [](const auto& a, const auto& b) {
     return std::tie(a.repo, a.file, a.commit) < std::tie(b.repo, b.file, b.commit);
   });

@@ -80,7 +80,9 @@ struct CachedFile {
   std::string commit;             // the snapshot holding it
   std::vector<std::string> refs;  // branches pointing at that snapshot ("main")
   std::string path;               // the snapshot path
-  uint64_t size = 0;              // the blob's size
+  uint64_t size = 0;              // the blob's size (of a split GGUF: its cached parts' sum)
+  int parts = 1;                  // a split GGUF's parts (file, path: the first's)
+  int parts_cached = 1;           // of those, in the snapshot
 };
 
 struct CacheListing {
@@ -89,7 +91,8 @@ struct CacheListing {
   int partial_count = 0;
 };
 
-// Every .gguf in every model repo of the cache (mmproj, mtp and dflash files included).
+// Every .gguf in every model repo of the cache (mmproj, mtp and dflash files included); the parts
+// of a split GGUF in one snapshot are one entry, named by its first part.
 CacheListing list_cache(const std::string& cache_dir);
 
 bool is_commit_hash(const std::string& text);

@@ -351,6 +351,9 @@ void download(const DownloadSpec& spec, const DownloadOptions& options) {
   } end_progress{[&] { report(have, false, true); }};
 
   std::string last_error;
+  std::string url = spec.url;
+  int relocations = 0;        // fresh links asked for since the last byte came
+  uint64_t relocated_at = 0;  // `have` at the last one
   double delay = options.retry_delay_s;
   for (int attempt = 0; have < spec.size && attempt <= options.retries; ++attempt) {
     if (attempt > 0 && delay > 0) {
@@ -358,8 +361,8 @@ void download(const DownloadSpec& spec, const DownloadOptions& options) {
       delay *= 2;
     }
     Slist headers(nullptr);
-    const bool send_token = url_origin(spec.url) == options.token_origin;
-    CurlHandle curl = make_handle(spec.url, options.http, send_token, headers);
+    const bool send_token = url_origin(url) == options.token_origin;
+    CurlHandle curl = make_handle(url, options.http, send_token, headers);
     CURL* c = curl.get();
     // Redirects to the CDN: libcurl drops our Authorization header when the host changes.
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
@@ -390,8 +393,17 @@ void download(const DownloadSpec& spec, const DownloadOptions& options) {
       throw NetworkError(fmt::format("{}: {}", spec.label, curl_message(code, detail)));
     if (status >= 400) {
       std::string body = sink.body.substr(0, sink.body.find('\n'));
-      last_error = fmt::format("HTTP {} from {}{}{}", status, spec.url, body.empty() ? "" : ": ",
+      last_error = fmt::format("HTTP {} from {}{}{}", status, url, body.empty() ? "" : ": ",
                                body.substr(0, 200));
+      if (have > relocated_at) relocations = 0;
+      if ((status == 401 || status == 403 || status == 410) && spec.relocate && relocations < 3) {
+        // An expired link: a new one from the hub, without spending an attempt.
+        url = spec.relocate();
+        ++relocations;
+        relocated_at = have;
+        --attempt;
+        continue;
+      }
       if (status == 416 && have > 0) {  // our range is past what the server holds: start again
         if (ftruncate(fileno(file.get()), 0) != 0) fail("{}: cannot truncate", path);
         std::fseek(file.get(), 0, SEEK_SET);

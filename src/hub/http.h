@@ -61,6 +61,9 @@ struct DownloadSpec {
   std::string sha256;           // expected lower-case hex, or empty
   std::string git_sha1;         // expected git blob sha1 (non-LFS files), or empty
   std::string label;            // for messages
+  // A fresh `url` when the server refuses the one in hand (401 / 403 / 410: a signed CDN link
+  // that expired during a long download): the hub is asked again and the download resumes there.
+  std::function<std::string()> relocate;
 };
 
 struct DownloadOptions {

@@ -57,18 +57,6 @@ bool looks_like_quant(const std::string& token) {
   });
 }
 
-// "-00001-of-00003" at the end of the stem.
-bool is_split_part(const std::string& file) {
-  const auto tokens = name_tokens(file);
-  const size_t n = tokens.size();
-  auto digits = [](const std::string& s) {
-    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-      return std::isdigit(static_cast<unsigned char>(c));
-    });
-  };
-  return n >= 3 && digits(tokens[n - 3]) && tokens[n - 2] == "of" && digits(tokens[n - 1]);
-}
-
 bool has_token(const std::string& file, const std::string& quant) {
   const std::string q = upper(quant);
   for (const auto& t : name_tokens(file)) {
@@ -219,19 +207,52 @@ ModelRef parse_model_ref(const std::string& text, bool hub_only) {
   return ref;
 }
 
+std::optional<SplitPart> split_part_of(const std::string& file) {
+  // "-NNNNN-of-MMMMM.gguf", five digits each (llama.cpp's llama_split_path).
+  constexpr size_t kTail = 20;
+  if (file.size() <= kTail || !ends_with_ci(file, ".gguf")) return std::nullopt;
+  const std::string tail = file.substr(file.size() - kTail, 15);  // "-NNNNN-of-MMMMM"
+  auto number = [&](size_t at) -> std::optional<uint64_t> {
+    uint64_t v = 0;
+    for (size_t i = at; i < at + 5; ++i) {
+      if (!std::isdigit(static_cast<unsigned char>(tail[i]))) return std::nullopt;
+      v = v * 10 + static_cast<uint64_t>(tail[i] - '0');
+    }
+    return v;
+  };
+  if (tail[0] != '-' || tail.compare(6, 4, "-of-") != 0) return std::nullopt;
+  const auto no = number(1), count = number(10);
+  if (!no || !count || *no == 0 || *no > *count) return std::nullopt;
+  return SplitPart{*no - 1, *count};
+}
+
+std::vector<std::string> split_part_files(const std::string& file, const SplitPart& part) {
+  const std::string stem = file.substr(0, file.size() - 20);
+  std::vector<std::string> files;
+  for (uint64_t i = 0; i < part.count; ++i)
+    files.push_back(fmt::format("{}-{:05}-of-{:05}.gguf", stem, i + 1, part.count));
+  return files;
+}
+
 std::string choose_quant_file(const std::string& repo, const std::vector<std::string>& files,
                               const std::string& quant) {
-  std::vector<std::string> whole, split;
+  std::vector<std::string> candidates;  // whole files and first parts
   for (const auto& f : files) {
     if (!ends_with_ci(f, ".gguf") || file_role(f) != FileRole::kTrunk || !has_token(f, quant))
       continue;
-    (is_split_part(f) ? split : whole).push_back(f);
+    const auto part = split_part_of(f);
+    if (!part || part->index == 0) candidates.push_back(f);
   }
-  if (!whole.empty()) return pick_plainest(repo, whole, quant);
-  if (!split.empty())
-    fail("{}: {} is split into {} files ({}, ...); qwenrt reads single-file GGUFs only", repo,
-         quant, split.size(), split.front());
-  fail("{}: no {} GGUF in the repo (it has: {})", repo, quant, quants_in(files));
+  if (candidates.empty())
+    fail("{}: no {} GGUF in the repo (it has: {})", repo, quant, quants_in(files));
+  const std::string chosen = pick_plainest(repo, candidates, quant);
+  if (const auto part = split_part_of(chosen)) {
+    for (const auto& f : split_part_files(chosen, *part)) {
+      if (std::find(files.begin(), files.end(), f) == files.end())
+        fail("{}: {} is split into {} parts, but the repo has no {}", repo, chosen, part->count, f);
+    }
+  }
+  return chosen;
 }
 
 std::optional<std::string> choose_sidecar_file(const std::string& repo,

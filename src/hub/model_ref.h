@@ -2,6 +2,7 @@
 // on the hub (`ORG/NAME[:FILE or :QUANT]`), and which file of a repo a quant selects.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -47,8 +48,8 @@ FileRole file_role(const std::string& file);
 
 // The GGUF among `files` (repo paths) that `quant` selects for a trunk: its name holds the quant
 // as a whole token (Q4_K_M in "x-Q4_K_M.gguf", not in "x-UD-Q4_K_M_L.gguf"), mmproj / mtp / dflash
-// files never. Error naming the repo and the quants it has when none or several match, and for
-// split files (-00001-of-0000N), which the loader does not read yet.
+// files never; of a split GGUF, its first part (every part must be listed). Error naming the repo
+// and the quants it has when none or several match.
 std::string choose_quant_file(const std::string& repo, const std::vector<std::string>& files,
                               const std::string& quant);
 // The sidecar of `kind` among `files` for a trunk of quant `quant` (same quant preferred, else
@@ -56,6 +57,16 @@ std::string choose_quant_file(const std::string& repo, const std::vector<std::st
 std::optional<std::string> choose_sidecar_file(const std::string& repo,
                                                const std::vector<std::string>& files,
                                                SidecarKind kind, const std::string& quant);
+// Which part of a split GGUF a file name is, by llama.cpp's naming ("x-00002-of-00003.gguf":
+// index 1 of 3); nullopt for a file that is not a part.
+struct SplitPart {
+  uint64_t index = 0;  // 0-based
+  uint64_t count = 0;
+};
+std::optional<SplitPart> split_part_of(const std::string& file);
+// The file names of all parts of the split GGUF `file` belongs to, first to last.
+std::vector<std::string> split_part_files(const std::string& file, const SplitPart& part);
+
 // The quant token in a file name ("Q4_K_M" of "Qwen3.6-27B-Q4_K_M.gguf"), empty if none.
 std::string quant_of(const std::string& file);
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "gguf/reader.h"
 #include "hub/cache.h"
 #include "hub/progress.h"
 
@@ -262,7 +263,19 @@ Resolved resolve_file(const std::string& asked, const std::string& repo,
           .size = meta.size,
           .sha256 = is_hex(meta.etag, 64) ? meta.etag : "",
           .git_sha1 = is_hex(meta.etag, 40) ? meta.etag : "",
-          .label = asked == repo + "/" + file ? asked : asked + " (" + repo + "/" + file + ")"};
+          .label = asked == repo + "/" + file ? asked : asked + " (" + repo + "/" + file + ")",
+          .relocate = [&] {
+            // The hub's answer again: a new signed link to the same bytes.
+            const HttpResponse again = head_metadata(url, o);
+            if (again.status >= 400) fail_http(asked, repo, file, again, o);
+            const FileMetadata fresh = parse_metadata(asked, url, again);
+            if (fresh.etag != meta.etag)
+              fail("{}: {}/{} changed on the hub during the download (ETag {} -> {}): run again",
+                   asked, repo, file, meta.etag, fresh.etag);
+            if (o.notice)
+              o.notice(fmt::format("the download link expired; resuming from a new one"));
+            return fresh.location;
+          }};
       download(spec, {.http = http_options(o),
                       .token_origin = url_origin(o.endpoint),
                       .retries = o.retries,
@@ -342,25 +355,78 @@ std::vector<std::string> repo_files(const std::string& repo, const std::string& 
   return files;
 }
 
+namespace {
+
+// `file` and, when it is a part of a split GGUF, every other part: the first part's Resolved
+// (the loader finds the others beside it). The parts must lie side by side under their own names,
+// as the first part's folder in one snapshot, or all in llama.cpp's flat cache.
+Resolved resolve_with_parts(const std::string& asked, const std::string& repo,
+                            const std::string& revision, const std::string& file,
+                            const HubOptions& o) {
+  const auto part = split_part_of(file);
+  if (!part || part->count == 1) return resolve_file(asked, repo, revision, file, o);
+  const std::vector<std::string> files = split_part_files(file, *part);
+  auto resolve_all = [&](const HubOptions& with) {
+    std::vector<Resolved> parts;
+    for (const auto& f : files) parts.push_back(resolve_file(asked, repo, revision, f, with));
+    return parts;
+  };
+  auto side_by_side = [&](const std::vector<Resolved>& parts) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (gguf::split_part_path(parts[0].path, i, parts.size()) != parts[i].path) return false;
+    }
+    return true;
+  };
+  std::vector<Resolved> parts = resolve_all(o);
+  if (!side_by_side(parts) && !o.llama_cache_dir.empty()) {
+    // Some parts in llama.cpp's cache and some in ours: take them all from ours.
+    HubOptions ours = o;
+    ours.llama_cache_dir.clear();
+    parts = resolve_all(ours);
+  }
+  for (const auto& p : parts) {
+    if (!p.commit.empty() && !parts[0].commit.empty() && p.commit != parts[0].commit)
+      fail("{}: {} changed on the hub while its parts were fetched ({} at {}, {} at {}): run again",
+           asked, repo, parts[0].file, parts[0].commit.substr(0, 12), p.file,
+           p.commit.substr(0, 12));
+  }
+  if (!side_by_side(parts))
+    fail("{}: the parts of {} are not side by side in the cache ({} and {})", asked, files[0],
+         parts[0].path, parts[1].path);
+  Resolved first = parts[0];
+  for (const auto& p : parts) first.downloaded = first.downloaded || p.downloaded;
+  return first;
+}
+
+}  // namespace
+
 Resolved resolve(const ModelRef& ref, const HubOptions& o) {
   if (ref.is_path) return {.path = ref.path};
   std::string file = ref.file;
   if (file.empty())
     file = choose_quant_file(ref.repo, repo_files(ref.repo, ref.revision, o), ref.quant);
   try {
-    return resolve_file(ref.asked, ref.repo, ref.revision, file, o);
+    return resolve_with_parts(ref.asked, ref.repo, ref.revision, file, o);
   } catch (const MissingFileError& e) {
-    // An official name whose quant the repo lacks: say which quants it has.
+    // An official name: its quant may be split into parts (x-Q8_0-00001-of-00003.gguf); else say
+    // which quants the repo has.
     const std::string what = e.what();
     if (!ref.official) throw;
-    std::string have;
+    std::vector<std::string> files;
     try {
-      for (const auto& f : repo_files(ref.repo, ref.revision, o)) {
-        const std::string q = quant_of(f);
-        if (file_role(f) == FileRole::kTrunk && !q.empty()) have += (have.empty() ? "" : ", ") + q;
-      }
+      files = repo_files(ref.repo, ref.revision, o);
     } catch (const Error&) {
       throw MissingFileError(what);
+    }
+    std::string have;
+    for (const auto& f : files) {
+      const auto part = split_part_of(f);
+      if (part && part->index == 0 && file_role(f) == FileRole::kTrunk && quant_of(f) == ref.quant)
+        return resolve_with_parts(ref.asked, ref.repo, ref.revision,
+                                  choose_quant_file(ref.repo, files, ref.quant), o);
+      const std::string q = quant_of(f);
+      if (file_role(f) == FileRole::kTrunk && !q.empty() && (!part || part->index == 0))
+        have += (have.empty() ? "" : ", ") + q;
     }
     fail("{}; quants there: {}", what, have.empty() ? "none" : have);
   }

@@ -5,6 +5,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/weight.h"
 
@@ -192,13 +193,19 @@ struct PleConvArgs {
   float* out;
 };
 
+// A mapped file holding weights: a weight's data - base is its offset in the file.
+struct MappedPart {
+  std::string path;
+  const uint8_t* base;
+  uint64_t size;
+};
+
 // Routed experts streamed from the model file into a budgeted cache (the cpu backend).
 struct ExpertStreaming {
-  std::string path;         // the GGUF file
-  const uint8_t* map_base;  // where it is mapped: a weight's data - map_base is its file offset
-  int64_t budget_bytes;     // the cache
-  int64_t slot_bytes;       // one expert of one layer (gate + up + down)
-  int min_slots;            // the experts of one token in one layer (expert_used_count)
+  std::vector<MappedPart> files;  // the GGUF file, or a split GGUF's parts
+  int64_t budget_bytes;           // the cache
+  int64_t slot_bytes;             // one expert of one layer (gate + up + down)
+  int min_slots;                  // the experts of one token in one layer (expert_used_count)
 };
 
 struct ExpertStats {

@@ -16,7 +16,8 @@ The config (JSON, read again at every request; a changed text resets the fault c
    "cut_after": N, "cut_count": K,  # the next K CDN bodies drop the connection after N bytes
    "corrupt": false,             # the CDN flips one byte in the middle of the file
    "ignore_range": false,        # the CDN answers 200 with the whole file to Range requests
-   "advertise_size": null}       # X-Linked-Size to claim instead of the real one
+   "advertise_size": null,       # X-Linked-Size to claim instead of the real one
+   "expire_links": false}        # each signed CDN link serves one request, then answers 403
 Every request is logged as one JSON line (server, method, path, range, authorization).
 
   python3 fake_hub.py --config cfg.json --ports ports.json --log requests.jsonl
@@ -43,6 +44,8 @@ class State:
         self.cuts_left = 0
         self.blobs = {}  # sha256 -> bytes
         self.cdn_port = 0
+        self.links_issued = 0
+        self.links_used = set()
 
     def current(self):
         with self.lock:
@@ -58,6 +61,19 @@ class State:
                             data = file_bytes(spec)
                             self.blobs[hashlib.sha256(data).hexdigest()] = data
             return self.config
+
+    def new_link(self):
+        with self.lock:
+            self.links_issued += 1
+            return self.links_issued
+
+    def use_link(self, link):
+        """False when the link was used before (expired)."""
+        with self.lock:
+            if link in self.links_used:
+                return False
+            self.links_used.add(link)
+            return True
 
     def take_cut(self):
         with self.lock:
@@ -176,7 +192,8 @@ class Handler(BaseHTTPRequestHandler):
             pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(data)}\n"
             headers = {"X-Repo-Commit": commit, "X-Linked-Etag": f'"{sha}"',
                        "X-Linked-Size": str(size), "ETag": f'"{git_sha1(pointer.encode())}"',
-                       "Location": f"http://127.0.0.1:{self.state.cdn_port}/cdn/{sha}?signed=1"}
+                       "Location": f"http://127.0.0.1:{self.state.cdn_port}/cdn/{sha}"
+                                   f"?signed={self.state.new_link()}"}
             return self.send(302, headers, b"", head)
         headers = {"X-Repo-Commit": commit, "ETag": f'"{git_sha1(data)}"',
                    "Content-Type": "application/octet-stream"}
@@ -187,6 +204,11 @@ class Handler(BaseHTTPRequestHandler):
         data = self.state.blobs.get(sha)
         if data is None:
             return self.send(404, {}, b"no such blob", head)
+        if config.get("expire_links"):
+            query = urlsplit(self.path).query
+            if not self.state.use_link(query):
+                return self.send(403, {"Content-Type": "text/plain"}, b"Request has expired\n",
+                                 head)
         if config.get("corrupt"):
             mid = len(data) // 2
             data = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:]

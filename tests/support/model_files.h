@@ -70,7 +70,8 @@ inline void rewrite(
     const std::string& src, const std::string& dst,
     const std::function<void(std::vector<gguf::KeyValue>&, std::map<std::string, TensorData>&,
                              std::vector<std::string>& order)>& edit) {
-  gguf::File f = gguf::File::open(src).value();
+  // A split GGUF's part is rewritten alone (its own keys and tensors).
+  gguf::File f = gguf::File::open(src, {.single_part = true}).value();
   std::vector<gguf::KeyValue> kv = f.metadata();
   std::map<std::string, TensorData> tensors;
   std::vector<std::string> order;

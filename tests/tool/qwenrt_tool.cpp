@@ -2,10 +2,13 @@
 //
 //   qwenrt_tool dequant TYPE IN.bin OUT.f32     raw blocks in, little-endian float32 out
 //   qwenrt_tool quantize TYPE IN.f32 OUT.bin    little-endian float32 in, raw blocks out
+//   qwenrt_tool split IN.gguf PREFIX TENSORS    IN as a split GGUF of TENSORS tensors a part
+//                                               (gguf/split.h), the parts' paths printed
 //
 // Adding a subcommand is one function and one line in kCommands. Failures print one line,
 // "qwenrt_tool: error: ...", and exit 1 (2 for usage errors).
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -13,6 +16,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "gguf/reader.h"
+#include "gguf/split.h"
 #include "quant/quant.h"
 #include "tool_main.h"
 
@@ -62,9 +67,19 @@ int cmd_quantize(const std::vector<std::string>& args) {
   return 0;
 }
 
+// split IN.gguf PREFIX TENSORS
+int cmd_split(const std::vector<std::string>& args) {
+  const auto file = qwenrt::gguf::File::open(args[0]).value();
+  const uint64_t per_part = std::stoull(args[2]);
+  for (const auto& path : qwenrt::gguf::write_split(file, args[1], {.max_part_tensors = per_part}))
+    std::puts(path.c_str());
+  return 0;
+}
+
 constexpr qwenrt::tool::Command kCommands[] = {
     {"dequant", "TYPE IN.bin OUT.f32", 3, 3, cmd_dequant},
     {"quantize", "TYPE IN.f32 OUT.bin", 3, 3, cmd_quantize},
+    {"split", "IN.gguf PREFIX TENSORS", 3, 3, cmd_split},
 };
 
 }  // namespace

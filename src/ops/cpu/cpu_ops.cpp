@@ -220,7 +220,7 @@ class CpuOps final : public HostOps {
   }
 
   void stream_experts(const ExpertStreaming& c) override {
-    experts_ = std::make_unique<cpu::ExpertCache>(c.path, c.map_base, c.budget_bytes, c.slot_bytes,
+    experts_ = std::make_unique<cpu::ExpertCache>(c.files, c.budget_bytes, c.slot_bytes,
                                                   c.min_slots, expert_policy());
   }
   void moe_prefetch(const MoeWeights& w, const float* x, int64_t n, int n_expert, int k) override {

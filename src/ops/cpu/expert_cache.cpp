@@ -52,9 +52,9 @@ int64_t expert_slot_bytes(const MoeWeights& w) {
   return bytes;
 }
 
-ExpertCache::ExpertCache(const std::string& path, const uint8_t* map_base, int64_t budget_bytes,
+ExpertCache::ExpertCache(const std::vector<MappedPart>& files, int64_t budget_bytes,
                          int64_t slot_bytes, int min_slots, ExpertPolicy policy)
-    : map_base_(map_base), slot_bytes_(align_up(slot_bytes)), policy_(policy) {
+    : slot_bytes_(align_up(slot_bytes)), policy_(policy) {
   const int64_t n = budget_bytes / slot_bytes_;
   if (n < min_slots) {
     fail(
@@ -63,8 +63,15 @@ ExpertCache::ExpertCache(const std::string& path, const uint8_t* map_base, int64
         budget_bytes / 1048576.0, n, slot_bytes_ / 1048576.0, min_slots,
         min_slots * slot_bytes_ / 1048576.0);
   }
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail("expert cache: cannot open '{}': {}", path, std::strerror(errno));
+  for (const MappedPart& f : files) {
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      for (const File& open : files_) ::close(open.fd);
+      fail("expert cache: cannot open '{}': {}", f.path, std::strerror(err));
+    }
+    files_.push_back({f, fd});
+  }
   arena_ = static_cast<uint8_t*>(std::aligned_alloc(kAlign, static_cast<size_t>(n * slot_bytes_)));
   if (!arena_) fail("expert cache: out of memory for {} bytes", n * slot_bytes_);
   for (int64_t i = 0; i < n; ++i) {
@@ -85,7 +92,18 @@ ExpertCache::~ExpertCache() {
   queued_.notify_all();
   for (auto& t : readers_) t.join();
   std::free(arena_);
-  if (fd_ >= 0) ::close(fd_);
+  for (const File& f : files_) ::close(f.fd);
+}
+
+std::pair<int, int64_t> ExpertCache::locate(const void* data, int64_t bytes,
+                                            const std::string& what) const {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const MappedPart& m = files_[i].mapped;
+    if (p >= m.base && p - m.base + bytes <= static_cast<int64_t>(m.size))
+      return {static_cast<int>(i), p - m.base};
+  }
+  fail("expert cache: {} ({} bytes) lies in none of the model's files", what, bytes);
 }
 
 int ExpertCache::place(const MoeWeights& w, int e, bool* hit) {
@@ -128,7 +146,8 @@ int ExpertCache::place(const MoeWeights& w, int e, bool* hit) {
   for (const Weight* m : expert_matrices(w)) {
     const TensorView v = m->expert_view(e);
     const int64_t bytes = matrix_bytes(v);
-    s.parts.emplace_back(static_cast<const uint8_t*>(v.data) - map_base_, bytes, at);
+    const auto [file, offset] = locate(v.data, bytes, fmt::format("expert {} of '{}'", e, m->name));
+    s.parts.push_back({.file = file, .offset = offset, .bytes = bytes, .at = at});
     at += align_up(bytes);
   }
   if (at > slot_bytes_)
@@ -165,7 +184,7 @@ ExpertCache::Entry ExpertCache::pin(const MoeWeights& w, int e) {
   const auto matrices = expert_matrices(w);
   for (size_t m = 0; m < matrices.size(); ++m) {
     TensorView v = matrices[m]->expert_view(e);
-    v.data = s.mem + std::get<2>(s.parts[m]);
+    v.data = s.mem + s.parts[m].at;
     if (matrices[m] == &w.gate_up_exps) entry.gate_up = v;
     if (matrices[m] == &w.gate_exps) entry.gate = v;
     if (matrices[m] == &w.up_exps) entry.up = v;
@@ -208,7 +227,7 @@ ExpertCacheStats ExpertCache::stats() const {
 void ExpertCache::loader() {
   for (;;) {
     int i;
-    std::vector<std::tuple<int64_t, int64_t, int64_t>> parts;
+    std::vector<Read> parts;
     {
       std::unique_lock lock(mu_);
       queued_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -219,22 +238,24 @@ void ExpertCache::loader() {
     }
     Slot& s = *slots_[i];
     int64_t bytes = 0;
-    for (const auto& [offset, size, at] : parts) {
+    for (const auto& [file, offset, size, at] : parts) {
+      const int fd = files_[file].fd;
       for (int64_t done = 0; done < size;) {
-        const ssize_t r = ::pread(fd_, s.mem + at + done, static_cast<size_t>(size - done),
+        const ssize_t r = ::pread(fd, s.mem + at + done, static_cast<size_t>(size - done),
                                   static_cast<off_t>(offset + done));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {  // the waiting MoE op reports it
           std::lock_guard lock(mu_);
-          error_ = fmt::format("expert cache: reading {} bytes at offset {}: {}", size, offset,
-                               r < 0 ? std::strerror(errno) : "end of file");
+          error_ =
+              fmt::format("expert cache: reading {} bytes at offset {} of '{}': {}", size, offset,
+                          files_[file].mapped.path, r < 0 ? std::strerror(errno) : "end of file");
           failed_.store(true, std::memory_order_release);
           break;
         }
         done += r;
       }
       // The slot holds the bytes now: the page cache's copy would only double them.
-      ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(size),
+      ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(size),
                       POSIX_FADV_DONTNEED);
       bytes += size;
     }

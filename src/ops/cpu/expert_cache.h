@@ -29,11 +29,11 @@ using ExpertCacheStats = ExpertStats;
 
 class ExpertCache {
  public:
-  // Slots of slot_bytes in budget_bytes, reading `path` (mapped at map_base: an expert view's
-  // data - map_base is its file offset). Error when the budget holds fewer than min_slots slots
-  // (the experts of one token in one layer) or the file cannot be opened.
-  ExpertCache(const std::string& path, const uint8_t* map_base, int64_t budget_bytes,
-              int64_t slot_bytes, int min_slots, ExpertPolicy policy = ExpertPolicy::kLru);
+  // Slots of slot_bytes in budget_bytes, reading the files whose mappings hold the experts (an
+  // expert view's data lies in one of them). Error when the budget holds fewer than min_slots
+  // slots (the experts of one token in one layer) or a file cannot be opened.
+  ExpertCache(const std::vector<MappedPart>& files, int64_t budget_bytes, int64_t slot_bytes,
+              int min_slots, ExpertPolicy policy = ExpertPolicy::kLru);
   ~ExpertCache();
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
@@ -57,6 +57,12 @@ class ExpertCache {
 
  private:
   using Key = std::pair<const void*, int>;  // (the layer's down_exps data, expert)
+  struct Read {
+    int file;        // index into files_
+    int64_t offset;  // in the file
+    int64_t bytes;
+    int64_t at;  // offset in the slot's memory
+  };
   struct Slot {
     uint8_t* mem = nullptr;
     Key key{nullptr, -1};
@@ -65,15 +71,19 @@ class ExpertCache {
     bool prefetched = false;  // loaded by prefetch() and not asked for since
     uint64_t last_use = 0, uses = 0;
     std::atomic<bool> ready{false};
-    // What to read: (file offset, bytes, offset in mem) per matrix.
-    std::vector<std::tuple<int64_t, int64_t, int64_t>> parts;
+    std::vector<Read> parts;  // what to read, a matrix each
   };
   // The slot holding key, or a free / evicted one set up to load it (lock held). -1: all busy.
   int place(const MoeWeights& w, int e, bool* hit);
   void loader();
 
-  int fd_ = -1;
-  const uint8_t* map_base_;
+  struct File {
+    MappedPart mapped;
+    int fd = -1;
+  };
+  std::vector<File> files_;
+  // The file whose mapping holds [data, data + bytes), and the offset there. Error when none does.
+  std::pair<int, int64_t> locate(const void* data, int64_t bytes, const std::string& what) const;
   int64_t slot_bytes_;
   ExpertPolicy policy_;
   uint8_t* arena_ = nullptr;
