@@ -7,6 +7,7 @@
 #include <set>
 
 #include "engine/engine.h"
+#include "support/engine_steps.h"
 #include "support/model_files.h"
 
 namespace qwenrt {
@@ -19,18 +20,8 @@ std::vector<float> run(const std::string& path, int64_t cache_bytes, ops::Expert
   o.n_threads = 2;
   o.expert_cache_bytes = cache_bytes;
   auto e = engine::Engine::load(path, o);
-  const auto ids = testing_support::random_tokens(32, e->config().n_vocab, 5);
-  std::vector<float> all;
-  engine::Batch b;
-  for (int i = 0; i < 24; ++i) b.add(0, ids[i], i, true);
-  auto l = e->step(b);
-  all.insert(all.end(), l.begin(), l.end());
-  for (int i = 24; i < 32; ++i) {
-    b.clear();
-    b.add(0, ids[i], i, true);
-    l = e->step(b);
-    all.insert(all.end(), l.begin(), l.end());
-  }
+  const auto all = testing_support::prefill_then_decode(
+      *e, testing_support::random_tokens(32, e->config().n_vocab, 5), 24);
   if (stats) *stats = e->backend().expert_stats();
   return all;
 }

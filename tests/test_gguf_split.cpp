@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "gguf/reader.h"
 #include "gguf/split.h"
+#include "support/engine_steps.h"
 #include "support/model_files.h"
 
 namespace qwenrt {
@@ -117,17 +118,8 @@ std::vector<float> logits_of(const std::string& path, int64_t expert_cache_bytes
   o.n_threads = 2;
   o.expert_cache_bytes = expert_cache_bytes;
   auto e = engine::Engine::load(path, o);
-  const auto ids = testing_support::random_tokens(26, e->config().n_vocab, 3);
-  std::vector<float> all;
-  engine::Batch b;
-  for (int i = 0; i < 20; ++i) b.add(0, ids[i], i, true);
-  for (int i = 20; i <= 26; ++i) {
-    const auto l = e->step(b);
-    all.insert(all.end(), l.begin(), l.end());
-    if (i == 26) break;
-    b.clear();
-    b.add(0, ids[i], i, true);
-  }
+  const auto all = testing_support::prefill_then_decode(
+      *e, testing_support::random_tokens(26, e->config().n_vocab, 3), 20);
   if (expert_cache_bytes > 0) {
     const auto st = e->backend().expert_stats();
     EXPECT_GT(st.loads, 0);

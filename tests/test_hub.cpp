@@ -294,11 +294,11 @@ TEST(HubNames, QuantChoosesOneTrunkFile) {
   // A whole file wins over parts of the same quant.
   EXPECT_EQ(hub::choose_quant_file("o/X", {"X-Q6_K-00001-of-00001.gguf", "X-Q6_K.gguf"}, "Q6_K"),
             "X-Q6_K.gguf");
-  EXPECT_EQ(hub::split_part_of("a/X-Q6_K-00002-of-00003.gguf")->index, 1u);
-  EXPECT_EQ(hub::split_part_of("a/X-Q6_K-00002-of-00003.gguf")->count, 3u);
-  EXPECT_FALSE(hub::split_part_of("X-Q6_K-2-of-3.gguf"));
-  EXPECT_FALSE(hub::split_part_of("X-Q6_K-00004-of-00003.gguf"));
-  EXPECT_FALSE(hub::split_part_of("X-Q6_K-00000-of-00003.gguf"));
+  EXPECT_EQ(gguf::parse_split_name("a/X-Q6_K-00002-of-00003.gguf")->index, 1u);
+  EXPECT_EQ(gguf::parse_split_name("a/X-Q6_K-00002-of-00003.gguf")->count, 3u);
+  EXPECT_FALSE(gguf::parse_split_name("X-Q6_K-2-of-3.gguf"));
+  EXPECT_FALSE(gguf::parse_split_name("X-Q6_K-00004-of-00003.gguf"));
+  EXPECT_FALSE(gguf::parse_split_name("X-Q6_K-00000-of-00003.gguf"));
   try {
     hub::choose_quant_file("o/X", files, "Q2_K");
     FAIL();

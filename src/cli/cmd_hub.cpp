@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/model_option.h"
 #include "core/error.h"
+#include "gguf/reader.h"
 #include "hub/cache.h"
 #include "hub/model_ref.h"
 #include "hub/progress.h"
@@ -40,7 +41,8 @@ int run_pull(const PullOptions& opt) {
 // What to pass to -m for a cached file: the official name where it is one.
 std::string model_name(const hub::CachedFile& f) {
   // A split GGUF by the name its parts share ("x-Q8_0-00001-of-00003.gguf" is "x-Q8_0.gguf").
-  const std::string file = f.parts > 1 ? f.file.substr(0, f.file.size() - 20) + ".gguf" : f.file;
+  const auto split = gguf::parse_split_name(f.file);
+  const std::string file = f.parts > 1 && split ? split->stem + ".gguf" : f.file;
   for (const auto& r : hub::official_repos()) {
     const std::string quant = hub::quant_of(file);
     if (r.repo == f.repo && !quant.empty() && r.file(quant) == file) return r.name + ":" + quant;

@@ -218,11 +218,33 @@ Expected<File> File::from_bytes(std::span<const uint8_t> bytes, std::string name
   });
 }
 
+std::string SplitName::path(uint64_t i) const {
+  return fmt::format("{}-{:05}-of-{:05}.gguf", stem, i + 1, count);
+}
+
+std::optional<SplitName> parse_split_name(std::string_view path) {
+  constexpr std::string_view kGguf = ".gguf";
+  constexpr size_t kTail = 15 + kGguf.size();  // "-NNNNN-of-MMMMM.gguf"
+  if (path.size() <= kTail || !path.ends_with(kGguf)) return std::nullopt;
+  const std::string_view tail = path.substr(path.size() - kTail, 15);
+  auto number = [&](size_t at) -> std::optional<uint64_t> {
+    uint64_t v = 0;
+    for (size_t i = at; i < at + 5; ++i) {
+      if (tail[i] < '0' || tail[i] > '9') return std::nullopt;
+      v = v * 10 + static_cast<uint64_t>(tail[i] - '0');
+    }
+    return v;
+  };
+  if (tail[0] != '-' || tail.substr(6, 4) != "-of-") return std::nullopt;
+  const auto no = number(1), count = number(10);
+  if (!no || !count || *no == 0 || *no > *count) return std::nullopt;
+  return SplitName{std::string(path.substr(0, path.size() - kTail)), *no - 1, *count};
+}
+
 std::optional<std::string> split_part_path(std::string_view first, uint64_t index, uint64_t count) {
-  const std::string tail = fmt::format("-00001-of-{:05}.gguf", count);
-  if (index >= count || first.size() <= tail.size() || !first.ends_with(tail)) return std::nullopt;
-  return fmt::format("{}-{:05}-of-{:05}.gguf", first.substr(0, first.size() - tail.size()),
-                     index + 1, count);
+  const auto name = parse_split_name(first);
+  if (!name || name->index != 0 || name->count != count || index >= count) return std::nullopt;
+  return name->path(index);
 }
 
 uint64_t File::split_count(const Limits& limits) const {
@@ -236,14 +258,11 @@ uint64_t File::split_count(const Limits& limits) const {
   if (!no) fail("{}: split.count is {} but split.no is missing", path(), *count);
   if (*no >= *count) fail("{}: split.no {} is not below split.count {}", path(), *no, *count);
   if (*no != 0) {
-    // Part k's name is NAME-0000k-of-0000N.gguf: say which file to open.
-    const std::string tail = fmt::format("-{:05}-of-{:05}.gguf", *no + 1, *count);
-    const std::string& p = path();
+    // Say which file to open, when this one is named as the part it is.
+    const auto name = parse_split_name(path());
     const std::string first =
-        p.ends_with(tail)
-            ? fmt::format("{}-00001-of-{:05}.gguf", p.substr(0, p.size() - tail.size()), *count)
-            : "its first part";
-    fail("{}: part {} of a split GGUF of {} parts: open {}", p, *no + 1, *count, first);
+        name && name->index == *no && name->count == *count ? name->path(0) : "its first part";
+    fail("{}: part {} of a split GGUF of {} parts: open {}", path(), *no + 1, *count, first);
   }
   return *count;
 }

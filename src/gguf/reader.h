@@ -49,9 +49,18 @@ struct Limits {
   bool single_part = false;
 };
 
-// The name of part `index` (0-based) of a split GGUF of `count` parts whose first part is
-// `first`: "x-00001-of-00003.gguf" -> "x-0000{index + 1}-of-00003.gguf". nullopt when `first`
-// does not end in "-00001-of-{count:05}.gguf".
+// llama.cpp's names for a split GGUF's parts (llama_split_path): STEM-00002-of-00003.gguf is
+// index 1 of 3; five digits each. The one place that knows the pattern.
+struct SplitName {
+  std::string stem;    // "dir/x"
+  uint64_t index = 0;  // 0-based
+  uint64_t count = 0;
+  std::string path(uint64_t i) const;  // part i's name (0-based)
+};
+std::optional<SplitName> parse_split_name(std::string_view path);  // nullopt: not a part's name
+
+// The name of part `index` of a split GGUF of `count` parts whose first part is `first`; nullopt
+// when `first` is not named as the first of `count` parts.
 std::optional<std::string> split_part_path(std::string_view first, uint64_t index, uint64_t count);
 
 // One file of a GGUF: the file itself, or one part of a split GGUF.

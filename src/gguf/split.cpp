@@ -42,7 +42,7 @@ std::vector<std::string> write_split(const File& file, const std::string& prefix
                    std::vector<int64_t>(t->ne.begin(), t->ne.begin() + t->n_dims),
                    [t](std::span<uint8_t> dst) { std::memcpy(dst.data(), t->data, dst.size()); });
     }
-    paths.push_back(fmt::format("{}-{:05}-of-{:05}.gguf", prefix, i + 1, count));
+    paths.push_back(SplitName{prefix, i, count}.path(i));
     w.write(paths.back());
   }
   return paths;

@@ -13,7 +13,7 @@
 #include <tuple>
 
 #include "core/error.h"
-#include "hub/model_ref.h"
+#include "gguf/reader.h"
 
 namespace qwenrt::hub {
 namespace fs = std::filesystem;
@@ -298,12 +298,12 @@ CacheListing list_cache(const std::string& cache) {
   std::vector<CachedFile> files;
   std::map<std::tuple<std::string, std::string, std::string>, size_t> sets;  // first part -> entry
   for (auto& f : listing.files) {
-    const auto part = split_part_of(f.file);
+    const auto part = gguf::parse_split_name(f.file);
     if (!part || part->count == 1) {
       files.push_back(std::move(f));
       continue;
     }
-    const std::string first = split_part_files(f.file, *part).front();
+    const std::string first = part->path(0);
     const auto [it, added] = sets.try_emplace({f.repo, f.commit, first}, files.size());
     if (added) {
       CachedFile set = f;

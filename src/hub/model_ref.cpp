@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "gguf/reader.h"
 #include "hub/cache.h"
 
 namespace qwenrt::hub {
@@ -207,49 +208,23 @@ ModelRef parse_model_ref(const std::string& text, bool hub_only) {
   return ref;
 }
 
-std::optional<SplitPart> split_part_of(const std::string& file) {
-  // "-NNNNN-of-MMMMM.gguf", five digits each (llama.cpp's llama_split_path).
-  constexpr size_t kTail = 20;
-  if (file.size() <= kTail || !ends_with_ci(file, ".gguf")) return std::nullopt;
-  const std::string tail = file.substr(file.size() - kTail, 15);  // "-NNNNN-of-MMMMM"
-  auto number = [&](size_t at) -> std::optional<uint64_t> {
-    uint64_t v = 0;
-    for (size_t i = at; i < at + 5; ++i) {
-      if (!std::isdigit(static_cast<unsigned char>(tail[i]))) return std::nullopt;
-      v = v * 10 + static_cast<uint64_t>(tail[i] - '0');
-    }
-    return v;
-  };
-  if (tail[0] != '-' || tail.compare(6, 4, "-of-") != 0) return std::nullopt;
-  const auto no = number(1), count = number(10);
-  if (!no || !count || *no == 0 || *no > *count) return std::nullopt;
-  return SplitPart{*no - 1, *count};
-}
-
-std::vector<std::string> split_part_files(const std::string& file, const SplitPart& part) {
-  const std::string stem = file.substr(0, file.size() - 20);
-  std::vector<std::string> files;
-  for (uint64_t i = 0; i < part.count; ++i)
-    files.push_back(fmt::format("{}-{:05}-of-{:05}.gguf", stem, i + 1, part.count));
-  return files;
-}
-
 std::string choose_quant_file(const std::string& repo, const std::vector<std::string>& files,
                               const std::string& quant) {
   std::vector<std::string> candidates;  // whole files and first parts
   for (const auto& f : files) {
     if (!ends_with_ci(f, ".gguf") || file_role(f) != FileRole::kTrunk || !has_token(f, quant))
       continue;
-    const auto part = split_part_of(f);
+    const auto part = gguf::parse_split_name(f);
     if (!part || part->index == 0) candidates.push_back(f);
   }
   if (candidates.empty())
     fail("{}: no {} GGUF in the repo (it has: {})", repo, quant, quants_in(files));
   const std::string chosen = pick_plainest(repo, candidates, quant);
-  if (const auto part = split_part_of(chosen)) {
-    for (const auto& f : split_part_files(chosen, *part)) {
-      if (std::find(files.begin(), files.end(), f) == files.end())
-        fail("{}: {} is split into {} parts, but the repo has no {}", repo, chosen, part->count, f);
+  if (const auto part = gguf::parse_split_name(chosen)) {
+    for (uint64_t i = 0; i < part->count; ++i) {
+      if (std::find(files.begin(), files.end(), part->path(i)) == files.end())
+        fail("{}: {} is split into {} parts, but the repo has no {}", repo, chosen, part->count,
+             part->path(i));
     }
   }
   return chosen;

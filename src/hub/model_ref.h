@@ -2,7 +2,6 @@
 // on the hub (`ORG/NAME[:FILE or :QUANT]`), and which file of a repo a quant selects.
 #pragma once
 
-#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -57,16 +56,6 @@ std::string choose_quant_file(const std::string& repo, const std::vector<std::st
 std::optional<std::string> choose_sidecar_file(const std::string& repo,
                                                const std::vector<std::string>& files,
                                                SidecarKind kind, const std::string& quant);
-// Which part of a split GGUF a file name is, by llama.cpp's naming ("x-00002-of-00003.gguf":
-// index 1 of 3); nullopt for a file that is not a part.
-struct SplitPart {
-  uint64_t index = 0;  // 0-based
-  uint64_t count = 0;
-};
-std::optional<SplitPart> split_part_of(const std::string& file);
-// The file names of all parts of the split GGUF `file` belongs to, first to last.
-std::vector<std::string> split_part_files(const std::string& file, const SplitPart& part);
-
 // The quant token in a file name ("Q4_K_M" of "Qwen3.6-27B-Q4_K_M.gguf"), empty if none.
 std::string quant_of(const std::string& file);
 

@@ -363,12 +363,12 @@ namespace {
 Resolved resolve_with_parts(const std::string& asked, const std::string& repo,
                             const std::string& revision, const std::string& file,
                             const HubOptions& o) {
-  const auto part = split_part_of(file);
+  const auto part = gguf::parse_split_name(file);
   if (!part || part->count == 1) return resolve_file(asked, repo, revision, file, o);
-  const std::vector<std::string> files = split_part_files(file, *part);
   auto resolve_all = [&](const HubOptions& with) {
     std::vector<Resolved> parts;
-    for (const auto& f : files) parts.push_back(resolve_file(asked, repo, revision, f, with));
+    for (uint64_t i = 0; i < part->count; ++i)
+      parts.push_back(resolve_file(asked, repo, revision, part->path(i), with));
     return parts;
   };
   auto side_by_side = [&](const std::vector<Resolved>& parts) {
@@ -391,7 +391,7 @@ Resolved resolve_with_parts(const std::string& asked, const std::string& repo,
            p.commit.substr(0, 12));
   }
   if (!side_by_side(parts))
-    fail("{}: the parts of {} are not side by side in the cache ({} and {})", asked, files[0],
+    fail("{}: the parts of {} are not side by side in the cache ({} and {})", asked, part->path(0),
          parts[0].path, parts[1].path);
   Resolved first = parts[0];
   for (const auto& p : parts) first.downloaded = first.downloaded || p.downloaded;
@@ -418,16 +418,19 @@ Resolved resolve(const ModelRef& ref, const HubOptions& o) {
     } catch (const Error&) {
       throw MissingFileError(what);
     }
+    // Trunk files by quant, a split counted once (by its first part).
     std::string have;
+    bool split = false;
     for (const auto& f : files) {
-      const auto part = split_part_of(f);
-      if (part && part->index == 0 && file_role(f) == FileRole::kTrunk && quant_of(f) == ref.quant)
-        return resolve_with_parts(ref.asked, ref.repo, ref.revision,
-                                  choose_quant_file(ref.repo, files, ref.quant), o);
+      const auto part = gguf::parse_split_name(f);
       const std::string q = quant_of(f);
-      if (file_role(f) == FileRole::kTrunk && !q.empty() && (!part || part->index == 0))
-        have += (have.empty() ? "" : ", ") + q;
+      if (file_role(f) != FileRole::kTrunk || q.empty() || (part && part->index != 0)) continue;
+      have += (have.empty() ? "" : ", ") + q;
+      split = split || (part && q == ref.quant);
     }
+    if (split)
+      return resolve_with_parts(ref.asked, ref.repo, ref.revision,
+                                choose_quant_file(ref.repo, files, ref.quant), o);
     fail("{}; quants there: {}", what, have.empty() ? "none" : have);
   }
 }

@@ -95,15 +95,16 @@ ExpertCache::~ExpertCache() {
   for (const File& f : files_) ::close(f.fd);
 }
 
-std::pair<int, int64_t> ExpertCache::locate(const void* data, int64_t bytes,
-                                            const std::string& what) const {
+std::pair<int, int64_t> ExpertCache::locate(const void* data, int64_t bytes, int e,
+                                            const std::string& name) const {
   const auto* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < files_.size(); ++i) {
     const MappedPart& m = files_[i].mapped;
     if (p >= m.base && p - m.base + bytes <= static_cast<int64_t>(m.size))
       return {static_cast<int>(i), p - m.base};
   }
-  fail("expert cache: {} ({} bytes) lies in none of the model's files", what, bytes);
+  fail("expert cache: expert {} of '{}' ({} bytes) lies in none of the model's files", e, name,
+       bytes);
 }
 
 int ExpertCache::place(const MoeWeights& w, int e, bool* hit) {
@@ -146,7 +147,7 @@ int ExpertCache::place(const MoeWeights& w, int e, bool* hit) {
   for (const Weight* m : expert_matrices(w)) {
     const TensorView v = m->expert_view(e);
     const int64_t bytes = matrix_bytes(v);
-    const auto [file, offset] = locate(v.data, bytes, fmt::format("expert {} of '{}'", e, m->name));
+    const auto [file, offset] = locate(v.data, bytes, e, m->name);
     s.parts.push_back({.file = file, .offset = offset, .bytes = bytes, .at = at});
     at += align_up(bytes);
   }

@@ -82,8 +82,10 @@ class ExpertCache {
     int fd = -1;
   };
   std::vector<File> files_;
-  // The file whose mapping holds [data, data + bytes), and the offset there. Error when none does.
-  std::pair<int, int64_t> locate(const void* data, int64_t bytes, const std::string& what) const;
+  // The file whose mapping holds [data, data + bytes) (expert e of weight `name`), and the
+  // offset there. Error when none does.
+  std::pair<int, int64_t> locate(const void* data, int64_t bytes, int e,
+                                 const std::string& name) const;
   int64_t slot_bytes_;
   ExpertPolicy policy_;
   uint8_t* arena_ = nullptr;
