@@ -43,54 +43,78 @@ using mmaq::kSuperElems;
 // ---- The kernel -----------------------------------------------------------------------------
 // NM = 1: a group of matrices (blockIdx.x over every job's row tiles, jobs of one type);
 // NM = 2: job 0 is gate, job 1 up, y = silu(gate) * up into job 0's y.
-template <class T, int NT, int NM>
+// MT: m-tiles of 16 rows a block (types with T::kCached). A warp loads a superblock's activation
+// fragments once and applies them to all MT tiles: with MT = 1 the activation loads outnumber the
+// weight loads and the kernel is bound by the L1 (ncu, Q4_K 2048 x 248320 at 8 rows: L1/TEX 90%
+// busy, DRAM 36%). Each output's sum is the same for every MT (same superblocks per warp, same
+// order, the warps' tiles summed in warp order).
+template <class T, int NT, int NM, int MT>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     mma_gemv_kernel(const __grid_constant__ Group g, int n, Acts a) {
   pdl_launch_dependents();
-  extern __shared__ float red[];  // NM * NT * 4 * 32 floats per warp
+  extern __shared__ float red[];  // NM * MT * NT * 4 * 32 floats per warp
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gq = lane / 4, t = lane % 4;
   int j = 0;
   if constexpr (NM == 1) {
     while (j + 1 < g.n_jobs && int64_t{blockIdx.x} >= g.job[j + 1].first_block) ++j;
   }
-  const int64_t row0 = (int64_t{blockIdx.x} - g.job[j].first_block) * kTileRows;
+  const int64_t row0 = (int64_t{blockIdx.x} - g.job[j].first_block) * kTileRows * MT;
   const int64_t out = g.job[j].m.out;
   const int64_t n_sb = a.in / kSuperElems;
   const ActLane al = act_lane(a, gq, t);
-  float acc[NM][NT][4] = {};
+  float acc[NM][MT][NT][4] = {};
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
     const MatArg& w = g.job[j + m].m;
     // Rows past the end read the last row (their outputs are not written).
-    const uint8_t* w0 = w.data + min(row0 + gq, out - 1) * w.row_bytes;
-    const uint8_t* w1 = w.data + min(row0 + gq + 8, out - 1) * w.row_bytes;
+    const uint8_t* w0[MT];
+    const uint8_t* w1[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      w0[mt] = w.data + min(row0 + kTileRows * mt + gq, out - 1) * w.row_bytes;
+      w1[mt] = w.data + min(row0 + kTileRows * mt + gq + 8, out - 1) * w.row_bytes;
+    }
     // (Loading the next superblock before computing this one measured slower: 515 -> 478 tok/s
     // on the 27B at 8 rows; the registers cost more warps than the loads in flight gain.)
     for (int64_t sb = warp; sb < n_sb; sb += warps) {
-      const typename T::Raw r = T::load(w0 + sb * T::kBytes, w1 + sb * T::kBytes, t);
-      T::template compute<NT>(r, sb, t, al, acc[m]);
+      if constexpr (MT == 1) {
+        const typename T::Raw r = T::load(w0[0] + sb * T::kBytes, w1[0] + sb * T::kBytes, t);
+        T::template compute<NT>(r, sb, t, al, acc[m][0]);
+      } else {
+        mmaq::ActK32<NT, T::kMin> x;
+        x.load(al, sb, t);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const typename T::Raw r = T::load(w0[mt] + sb * T::kBytes, w1[mt] + sb * T::kBytes, t);
+          mmaq::apply(T::decode(r), x, acc[m][mt]);
+        }
+      }
     }
   }
-  // The warps' partial tiles: red[((m * NT + nt) * 4 + i) * warps * 32 + warp * 32 + lane].
+  // The warps' partial tiles: red[(((m * MT + mt) * NT + nt) * 4 + i) * warps * 32 + warp * 32 +
+  // lane].
 #pragma unroll
   for (int m = 0; m < NM; ++m)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        red[((m * NT + nt) * 4 + i) * warps * 32 + threadIdx.x] = acc[m][nt][i];
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          red[(((m * MT + mt) * NT + nt) * 4 + i) * warps * 32 + threadIdx.x] = acc[m][mt][nt][i];
   __syncthreads();
-  for (int e = threadIdx.x; e < NT * 4 * 32; e += blockDim.x) {
-    const int l = e % 32, v = e / 32;  // v = nt * 4 + i
-    const int nt = v / 4, i = v % 4;
-    const int64_t row = row0 + l / 4 + 8 * (i / 2);
+  for (int e = threadIdx.x; e < MT * NT * 4 * 32; e += blockDim.x) {
+    const int l = e % 32, v = e / 32;  // v = (mt * NT + nt) * 4 + i
+    const int mt = v / (NT * 4), nt = v / 4 % NT, i = v % 4;
+    const int64_t row = row0 + kTileRows * mt + l / 4 + 8 * (i / 2);
     const int col = 8 * nt + 2 * (l % 4) + (i % 2);
     float sum[NM];
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
       sum[m] = 0.0f;
-      for (int w = 0; w < warps; ++w) sum[m] += red[(m * NT * 4 + v) * warps * 32 + w * 32 + l];
+      for (int w = 0; w < warps; ++w)
+        sum[m] += red[(m * MT * NT * 4 + v) * warps * 32 + w * 32 + l];
     }
     if (row >= out || col >= n) continue;
     const float r = NM == 2 ? silu(sum[0]) * sum[NM - 1] : sum[0];
@@ -145,11 +169,21 @@ void with_nt(int64_t n, F&& f) {
 // Warps per block: up to one per superblock of a row, no more than the partial tiles' shared
 // memory holds; 4 for up to 16 rows and 8 above (27B on the H200, rows 8 / 16 / 32: 496 / 722 /
 // 835 tok/s with 4 warps, 478 / 659 / 862 with 8).
-int warps_for(int64_t n_sb, int nm, int nt) {
-  const int by_smem = kReduceBytes / (nm * nt * 4 * 32 * 4);
+int warps_for(int64_t n_sb, int nm, int mt, int nt) {
+  const int by_smem = kReduceBytes / (nm * mt * nt * 4 * 32 * 4);
   const int64_t by_row = std::max<int64_t>(1, n_sb);
   const int most = max_warps() > 0 ? max_warps() : nt <= 2 ? 4 : kMaxWarps;
   return static_cast<int>(std::min<int64_t>({most, by_smem, by_row}));
+}
+
+// M-tiles a block takes: 2 up to 16 rows where the type has a cached form (Q4_K, Q5_K), else 1;
+// QWENRT_CUDA_MMA_MT=1 keeps one (read per call: tests switch it). Measured on the H200
+// (bench/results/h200-mma-gemv-2026-12-04.md): Q4_K 5120 x 17408 SwiGLU 29.3% -> 37.3% of the
+// bandwidth at 8 rows, 18.6% -> 22.7% at 16; 27B x16 decode 699 -> 776 tok/s.
+int mt_for(bool cached, int nt) {
+  if (!cached || nt > 2) return 1;
+  const char* v = std::getenv("QWENRT_CUDA_MMA_MT");
+  return v && v[0] == '1' ? 1 : 2;
 }
 
 bool mma_fits(const MatArg& m, const Acts& a) {
@@ -158,14 +192,26 @@ bool mma_fits(const MatArg& m, const Acts& a) {
   return aligned(m.data, need) && m.row_bytes % need == 0;
 }
 
+// g's jobs get their first row blocks here (NM = 2: gate and up share them).
 template <int NM>
-bool launch_mma(const Group& g, int64_t n, const Acts& a, int64_t blocks, cudaStream_t stream) {
+bool launch_mma(Group g, int64_t n, const Acts& a, cudaStream_t stream) {
   return with_mma_type(g.job[0].m, [&]<class T>() {
     with_nt(n, [&]<int NT>() {
-      const int warps = warps_for(a.in / kSuperElems, NM, NT);
-      const size_t smem = size_t{NM} * NT * 4 * 32 * 4 * warps;
-      mma_gemv_kernel<T, NT, NM>
-          <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(g, static_cast<int>(n), a);
+      auto launch = [&]<int MT>() {
+        int64_t blocks = 0;
+        for (int i = 0; i < g.n_jobs; ++i) {
+          g.job[i].first_block = NM == 1 ? blocks : 0;
+          if (NM == 1 || i == 0) blocks += (g.job[i].m.out + kTileRows * MT - 1) / (kTileRows * MT);
+        }
+        const int warps = warps_for(a.in / kSuperElems, NM, MT, NT);
+        const size_t smem = size_t{NM} * MT * NT * 4 * 32 * 4 * warps;
+        mma_gemv_kernel<T, NT, NM, MT><<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(
+            g, static_cast<int>(n), a);
+      };
+      if constexpr (T::kCached && NT <= 2) {
+        if (mt_for(true, NT) == 2) return launch.template operator()<2>();
+      }
+      launch.template operator()<1>();
     });
     QWENRT_CUDA_CHECK_LAUNCH();
   });
@@ -193,16 +239,9 @@ bool mma_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream) {
   for (int i = 0; i < g.n_jobs;) {
     Group sg{};
     sg.n_jobs = 0;
-    int64_t blocks = 0;
     int e = i;
-    while (e < g.n_jobs && g.job[e].m.dtype == g.job[i].m.dtype) {
-      sg.job[sg.n_jobs] = g.job[e];
-      sg.job[sg.n_jobs].first_block = blocks;
-      blocks += (g.job[e].m.out + kTileRows - 1) / kTileRows;
-      ++sg.n_jobs;
-      ++e;
-    }
-    launch_mma<1>(sg, n, a, blocks, stream);
+    while (e < g.n_jobs && g.job[e].m.dtype == g.job[i].m.dtype) sg.job[sg.n_jobs++] = g.job[e++];
+    launch_mma<1>(sg, n, a, stream);
     i = e;
   }
   return true;
@@ -217,7 +256,7 @@ bool mma_swiglu(const MatArg& gate, const MatArg& up, float* y, int64_t n, const
   sg.n_jobs = 2;
   sg.job[0] = {.m = gate, .y = y, .y_stride = gate.out, .first_block = 0};
   sg.job[1] = {.m = up, .y = y, .y_stride = gate.out, .first_block = 0};
-  return launch_mma<2>(sg, n, a, (gate.out + kTileRows - 1) / kTileRows, stream);
+  return launch_mma<2>(sg, n, a, stream);
 }
 
 }  // namespace qwenrt::ops::cuda::mm
