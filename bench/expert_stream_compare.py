@@ -9,7 +9,7 @@ decoded token from the difference of the two (so loading and prefill cancel out)
 its cache from the free memory it sees (the cgroup's headroom) unless --qwenrt-cache is given.
 
     sudo python3 bench/expert_stream_compare.py --model build-bench/flashnext.gguf \
-        --budgets 2,3,4.5 --qwenrt build-dev/qwenrt \
+        --budgets 2,3,4.5 --qwenrt build/qwenrt \
         --llama build-llamacpp/build/bin/llama-bench --json out.json
 
 Needs a writable memory cgroup: v1 (/sys/fs/cgroup/memory) or v2 (a folder of the current
@@ -131,7 +131,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--budgets", default="0,2,3,4.5", help="GiB, comma-separated; 0: no limit")
-    ap.add_argument("--qwenrt", default="build-dev/qwenrt")
+    ap.add_argument("--qwenrt", default="build/qwenrt")
     ap.add_argument("--llama", default="build-llamacpp/build/bin/llama-bench")
     ap.add_argument("--qwenrt-cache", type=float, default=None,
                     help="GiB for --expert-cache (default: qwenrt chooses from the headroom)")
@@ -142,6 +142,9 @@ def main():
     ap.add_argument("--engines", default="qwenrt,llama.cpp")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    for engine, path in (("qwenrt", args.qwenrt), ("llama.cpp", args.llama)):
+        if engine in args.engines.split(",") and not os.access(path, os.X_OK):
+            sys.exit(f"expert_stream_compare: no {engine} binary at {path} (--qwenrt / --llama)")
 
     def qwenrt_cmd(cache):
         def cmd(n):
