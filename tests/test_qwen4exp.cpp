@@ -171,6 +171,52 @@ TEST(Qwen4Exp, CpuBackendMatchesTransformers) {
              a.n);
 }
 
+// Where QSA keeps every key the cpu backend runs its dense attention kernel (a step whose queries
+// all fit the budget); otherwise the reference's selection and attention. Rows <= 10 of the
+// budget-8 file keep every key too, but its whole-prompt step takes the reference path: those rows
+// must equal the dense file's (same cpu ops elsewhere, fp32 kernel against the fp64 reference).
+// Against transformers' dense logits: one prefill, and a prefill then one token a step (decode
+// steps on the kernel too). Prefill and decode differ by the cpu backend's int8 rounding of GEMM
+// against GEMV rows (1.2e-2 with the reference QSA path as well), so they are held to the
+// transformers tolerance, not to each other.
+TEST(Qwen4Exp, CpuBackendDenseQsaMatchesTransformers) {
+  const Fixture& f = fixture();
+  const NpyArray dense = read_npy_f32(kDir + "qwen4exp.dense.hf-fp32.npy");
+  auto e = load(dense_file(), "cpu");
+  const auto whole = run_prompt(*e, f.ids, {});
+  const Agreement a = compare(whole, dense, all_rows);
+  EXPECT_LT(a.worst, 3e-2);
+  EXPECT_GE(a.top1, a.n - 2);
+  auto es = load(kFile, "cpu");
+  const auto sparse = run_prompt(*es, f.ids, {});
+  double early = 0;
+  for (int64_t r = 0; r <= 10; ++r)
+    early = std::max(early, rel_l2(row(whole, r, 1024), row(sparse, r, 1024)));
+  EXPECT_LT(early, 1e-4) << "the kernel against the reference path where both keep every key";
+  // The budget-8 prompt as 11 tokens (every key kept: the kernel, which must still write the
+  // indexer keys) and then the rest (the reference's selection, over those keys).
+  auto ec = load(kFile, "cpu");
+  const auto chunked = run_prompt(*ec, f.ids, {11});
+  double continued = 0;
+  for (size_t r = 0; r < f.ids.size(); ++r)
+    continued = std::max(continued, rel_l2(row(chunked, r, 1024), row(sparse, r, 1024)));
+  EXPECT_LT(continued, 1e-4) << "11 tokens on the kernel, then the rest on the reference path";
+  auto e2 = load(dense_file(), "cpu");
+  const size_t n_prefill = f.ids.size() / 2;
+  std::vector<size_t> chunks(f.ids.size() - n_prefill, 1);
+  chunks.insert(chunks.begin(), n_prefill);
+  const auto steps = run_prompt(*e2, f.ids, chunks);
+  ASSERT_EQ(steps.size(), whole.size());
+  const Agreement s = compare(steps, dense, all_rows);
+  EXPECT_LT(s.worst, 3e-2);
+  EXPECT_GE(s.top1, s.n - 2);
+  fmt::print(
+      "[qwen4exp] cpu dense QSA vs transformers: worst rel L2 {:.2e} (one prefill), {:.2e} "
+      "(prefill {} + decode), top-1 {}/{}; rows <= 10 against the reference path {:.2e}; 11 + rest "
+      "against one step {:.2e}\n",
+      a.worst, s.worst, n_prefill, a.top1, a.n, early, continued);
+}
+
 TEST(Qwen4Exp, AgreesWithLlamaCppWhereQsaKeepsEveryKey) {
   const Fixture& f = fixture();
   const NpyArray llama = read_npy_f32(kDir + "qwen4exp.Q8_0.llamacpp.npy");

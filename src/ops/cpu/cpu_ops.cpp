@@ -186,6 +186,30 @@ class CpuOps final : public HostOps {
                    a.scale, pool_);
   }
 
+  // While every query of the step sees no more blocks than the budget keeps, QSA keeps every key
+  // (ref::qsa_select): dense causal attention, on this backend's kernel, once the raw indexer keys
+  // are in their pages. Otherwise the reference's selection and attention.
+  void qsa_attention(const QsaArgs& a) override {
+    const KvLayer& kv = a.attn.kv;
+    bool dense = kv.idx != nullptr && kv.idx_dim == a.index_dim && a.ratio > 0;
+    for (int s = 0; dense && s < step_.n_spans; ++s) {
+      const Span& span = step_.spans[s];
+      dense = (int64_t{span.n_past} + span.count) / a.ratio <= a.budget / a.ratio;
+    }
+    if (!dense) return HostOps::qsa_attention(a);
+    for (int s = 0; s < step_.n_spans; ++s) {
+      const Span& span = step_.spans[s];
+      const int32_t* table = step_.page_tables + span.slot * step_.page_table_stride;
+      for (int64_t i = 0; i < span.count; ++i) {
+        const int64_t t = span.n_past + i;
+        const int64_t row = int64_t{table[t / kv.page_size]} * kv.page_size + t % kv.page_size;
+        std::memcpy(kv.idx + row * kv.idx_dim, a.index_k + (span.begin + i) * kv.idx_dim,
+                    kv.idx_dim * 4);
+      }
+    }
+    attention(a.attn);
+  }
+
   void deltanet(const DeltaNetArgs& a) override {
     // The kernels' modes: chunked from 16 tokens (recurrent below), which equals either form;
     // a forced form (tests, `logits --deltanet`) runs the reference.
