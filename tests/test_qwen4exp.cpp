@@ -172,9 +172,9 @@ TEST(Qwen4Exp, CpuBackendMatchesTransformers) {
 }
 
 // Where QSA keeps every key the cpu backend runs its dense attention kernel (a step whose queries
-// all fit the budget); otherwise the reference's selection and attention. Rows <= 10 of the
-// budget-8 file keep every key too, but its whole-prompt step takes the reference path: those rows
-// must equal the dense file's (same cpu ops elsewhere, fp32 kernel against the fp64 reference).
+// all fit the budget); otherwise each query's selection and attention. Rows <= 10 of the
+// budget-8 file keep every key too, but its whole-prompt step takes the sparse path: those rows
+// must equal the dense file's (same cpu ops elsewhere).
 // Against transformers' dense logits: one prefill, and a prefill then one token a step (decode
 // steps on the kernel too). Prefill and decode differ by the cpu backend's int8 rounding of GEMM
 // against GEMV rows (1.2e-2 with the reference QSA path as well), so they are held to the
@@ -192,15 +192,22 @@ TEST(Qwen4Exp, CpuBackendDenseQsaMatchesTransformers) {
   double early = 0;
   for (int64_t r = 0; r <= 10; ++r)
     early = std::max(early, rel_l2(row(whole, r, 1024), row(sparse, r, 1024)));
-  EXPECT_LT(early, 1e-4) << "the kernel against the reference path where both keep every key";
+  EXPECT_LT(early, 1e-4) << "the kernel against the sparse path where both keep every key";
   // The budget-8 prompt as 11 tokens (every key kept: the kernel, which must still write the
-  // indexer keys) and then the rest (the reference's selection, over those keys).
+  // indexer keys) and then the rest (each query's selection, over those keys). The rows agree to
+  // rounding, but one row may flip a near-tie of the block selection (fp32 attention upstream):
+  // measured one row of 200 at 4.7e-3; without the indexer keys most rows are off (0.23).
   auto ec = load(kFile, "cpu");
   const auto chunked = run_prompt(*ec, f.ids, {11});
   double continued = 0;
-  for (size_t r = 0; r < f.ids.size(); ++r)
-    continued = std::max(continued, rel_l2(row(chunked, r, 1024), row(sparse, r, 1024)));
-  EXPECT_LT(continued, 1e-4) << "11 tokens on the kernel, then the rest on the reference path";
+  int rows_off = 0;
+  for (size_t r = 0; r < f.ids.size(); ++r) {
+    const double err = rel_l2(row(chunked, r, 1024), row(sparse, r, 1024));
+    continued = std::max(continued, err);
+    rows_off += err > 1e-4;
+  }
+  EXPECT_LE(rows_off, 1) << "11 tokens on the kernel, then the rest: rows off beyond a near tie";
+  EXPECT_LT(continued, 3e-2);
   auto e2 = load(dense_file(), "cpu");
   const size_t n_prefill = f.ids.size() / 2;
   std::vector<size_t> chunks(f.ids.size() - n_prefill, 1);
@@ -212,9 +219,9 @@ TEST(Qwen4Exp, CpuBackendDenseQsaMatchesTransformers) {
   EXPECT_GE(s.top1, s.n - 2);
   fmt::print(
       "[qwen4exp] cpu dense QSA vs transformers: worst rel L2 {:.2e} (one prefill), {:.2e} "
-      "(prefill {} + decode), top-1 {}/{}; rows <= 10 against the reference path {:.2e}; 11 + rest "
-      "against one step {:.2e}\n",
-      a.worst, s.worst, n_prefill, a.top1, a.n, early, continued);
+      "(prefill {} + decode), top-1 {}/{}; rows <= 10 against the sparse path {:.2e}; 11 + rest "
+      "against one step {:.2e} ({} rows over 1e-4)\n",
+      a.worst, s.worst, n_prefill, a.top1, a.n, early, continued, rows_off);
 }
 
 TEST(Qwen4Exp, AgreesWithLlamaCppWhereQsaKeepsEveryKey) {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "ops/cpu/qsa.h"
 #include "ops/ref/kernels.h"
 
 namespace qwenrt::ops::ref {
@@ -52,8 +53,10 @@ struct QsaCase {
   std::vector<Span> spans;  // slots 0.. in order
 };
 
-// Runs attention_spans and qsa_attention_spans on the same random step; returns both outputs.
-std::pair<std::vector<float>, std::vector<float>> run_both(const QsaCase& c, uint64_t seed) {
+// Runs attention_spans and qsa_attention_spans (with a pool: the cpu backend's
+// cpu::qsa_attention_sparse) on the same random step; returns both outputs.
+std::pair<std::vector<float>, std::vector<float>> run_both(const QsaCase& c, uint64_t seed,
+                                                           ThreadPool* cpu_pool = nullptr) {
   std::mt19937_64 rng(seed);
   int64_t n = 0, n_ctx = 0;
   for (const Span& s : c.spans) {
@@ -102,7 +105,7 @@ std::pair<std::vector<float>, std::vector<float>> run_both(const QsaCase& c, uin
                          .head_dim = c.head_dim,
                          .scale = scale});
   const Weight kn = f32_weight(k_norm, {c.index_dim}, "k_norm");
-  qsa_attention_spans(step, {.attn = {.q = q.data(),
+  const QsaArgs qsa{.attn = {.q = q.data(),
                                       .q_stride = q_dim,
                                       .k = k.data(),
                                       .v = v.data(),
@@ -121,7 +124,12 @@ std::pair<std::vector<float>, std::vector<float>> run_both(const QsaCase& c, uin
                              .budget = c.budget,
                              .n_rot = c.n_rot,
                              .rope_theta = 10000.0f,
-                             .eps = 1e-6f});
+                             .eps = 1e-6f};
+  if (cpu_pool) {
+    cpu::qsa_attention_sparse(step, qsa, *cpu_pool);
+  } else {
+    qsa_attention_spans(step, qsa);
+  }
   return {dense, sparse};
 }
 
@@ -156,6 +164,26 @@ TEST(Qwen4ExpOps, QsaDropsBlocksBeyondTheBudget) {
       EXPECT_GT(diff, 1e-4) << "query " << t << " attends to a subset";
     }
   }
+}
+
+// The cpu backend's sparse QSA (each query's kept positions read in place, queries over the
+// pool) against the reference, beyond the budget: two slots, one continuing, spans crossing it.
+TEST(Qwen4ExpOps, CpuSparseQsaEqualsTheReference) {
+  ThreadPool pool(2);
+  QsaCase c;
+  c.spans = {{.slot = 0, .begin = 0, .count = 30, .n_past = 0},
+             {.slot = 1, .begin = 30, .count = 7, .n_past = 41},
+             {.slot = 2, .begin = 37, .count = 1, .n_past = 60}};
+  const auto [dense, want] = run_both(c, 4);
+  const auto [dense_again, got] = run_both(c, 4, &pool);
+  ASSERT_EQ(got.size(), want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got[i])) << "element " << i << " not written";
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
 }
 
 TEST(Qwen4ExpOps, QsaSelectsTheBestBlocksAndTheTail) {

@@ -18,6 +18,7 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/moe.h"
+#include "ops/cpu/qsa.h"
 #include "ops/cpu/sampling.h"
 #include "ops/host_ops.h"
 #include "ops/ref/kernels.h"
@@ -188,7 +189,7 @@ class CpuOps final : public HostOps {
 
   // While every query of the step sees no more blocks than the budget keeps, QSA keeps every key
   // (ref::qsa_select): dense causal attention, on this backend's kernel, once the raw indexer keys
-  // are in their pages. Otherwise the reference's selection and attention.
+  // are in their pages. Otherwise each query's selection and attention over it (cpu/qsa.h).
   void qsa_attention(const QsaArgs& a) override {
     const KvLayer& kv = a.attn.kv;
     bool dense = kv.idx != nullptr && kv.idx_dim == a.index_dim && a.ratio > 0;
@@ -196,7 +197,7 @@ class CpuOps final : public HostOps {
       const Span& span = step_.spans[s];
       dense = (int64_t{span.n_past} + span.count) / a.ratio <= a.budget / a.ratio;
     }
-    if (!dense) return HostOps::qsa_attention(a);
+    if (!dense) return cpu::qsa_attention_sparse(step_, a, pool_);
     for (int s = 0; s < step_.n_spans; ++s) {
       const Span& span = step_.spans[s];
       const int32_t* table = step_.page_tables + span.slot * step_.page_table_stride;
