@@ -18,34 +18,32 @@ int64_t page_row(const KvLayer& kv, const int32_t* table, int64_t t) {
   return int64_t{table[t / kv.page_size]} * kv.page_size + t % kv.page_size;
 }
 
-// out [n_head * head_dim] = attention of one query over the kept positions (ascending).
-void attend(const AttentionArgs& at, const int32_t* table, const float* q,
-            const std::vector<int64_t>& kept, float* out, std::vector<float>& scores, Isa isa) {
+// out [head_dim] = attention of query head h over the kept positions (ascending).
+void attend_head(const AttentionArgs& at, const int32_t* table, const float* q,
+                 const std::vector<int64_t>& kept, int h, float* out, std::vector<float>& scores,
+                 Isa isa) {
   const KvLayer& kv = at.kv;
-  const int group = at.n_head / at.n_head_kv;
   const int64_t m = static_cast<int64_t>(kept.size());
+  const float* qh = q + int64_t{h} * at.head_dim;
+  const int64_t kvh = h / (at.n_head / at.n_head_kv);
   scores.resize(m);
-  for (int h = 0; h < at.n_head; ++h) {
-    const float* qh = q + int64_t{h} * at.head_dim;
-    const int64_t kvh = h / group;
-    float best = -INFINITY;
-    for (int64_t j = 0; j < m; ++j) {
-      const float* kj = kv.k + page_row(kv, table, kept[j]) * kv.kv_dim + kvh * at.head_dim;
-      scores[j] = dot_f32(qh, kj, at.head_dim, isa) * at.scale;
-      best = std::max(best, scores[j]);
-    }
-    float* oh = out + int64_t{h} * at.head_dim;
-    std::fill(oh, oh + at.head_dim, 0.0f);
-    double total = 0;
-    for (int64_t j = 0; j < m; ++j) {
-      const float p = std::exp(scores[j] - best);
-      total += p;
-      const float* vj = kv.v + page_row(kv, table, kept[j]) * kv.kv_dim + kvh * at.head_dim;
-      for (int d = 0; d < at.head_dim; ++d) oh[d] += p * vj[d];
-    }
-    const float inv = static_cast<float>(1.0 / total);
-    for (int d = 0; d < at.head_dim; ++d) oh[d] *= inv;
+  float best = -INFINITY;
+  for (int64_t j = 0; j < m; ++j) {
+    const float* kj = kv.k + page_row(kv, table, kept[j]) * kv.kv_dim + kvh * at.head_dim;
+    scores[j] = dot_f32(qh, kj, at.head_dim, isa) * at.scale;
+    best = std::max(best, scores[j]);
   }
+  float* oh = out + int64_t{h} * at.head_dim;
+  std::fill(oh, oh + at.head_dim, 0.0f);
+  double total = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const float p = std::exp(scores[j] - best);
+    total += p;
+    const float* vj = kv.v + page_row(kv, table, kept[j]) * kv.kv_dim + kvh * at.head_dim;
+    for (int d = 0; d < at.head_dim; ++d) oh[d] += p * vj[d];
+  }
+  const float inv = static_cast<float>(1.0 / total);
+  for (int d = 0; d < at.head_dim; ++d) oh[d] *= inv;
 }
 
 }  // namespace
@@ -85,17 +83,36 @@ void qsa_attention_sparse(const StepLayout& step, const QsaArgs& a, ThreadPool& 
     ref::rmsnorm(pooled.data(), k_norm, pooled.data(), n_blocks, a.index_dim, a.eps);
     ref::rope_neox(pooled.data(), starts.data(), n_blocks, 1, a.index_dim, a.index_dim, a.n_rot,
                    a.rope_theta);
-    // Queries in interleaved parts (later queries see more keys).
-    pool.run(pool.size(), [&](int part, int parts) {
-      std::vector<int64_t> kept;
-      std::vector<float> scores;
-      for (int64_t i = part; i < span.count; i += parts) {
-        const int64_t src = span.begin + i, n_kv = int64_t{span.n_past} + i + 1;
-        ref::qsa_select(a.index_q + src * a.index_heads * a.index_dim, pooled.data(), n_kv,
-                        a.index_heads, a.index_dim, a.ratio, a.budget, kept);
-        attend(at, table, at.q + src * at.q_stride, kept, at.out + src * q_dim, scores, isa);
-      }
-    });
+    // Queries in interleaved parts (later queries see more keys); a span of fewer queries than
+    // parts (decode) splits each query's heads instead.
+    const int64_t n_parts = pool.size();
+    if (span.count >= n_parts) {
+      pool.run(static_cast<int>(n_parts), [&](int part, int parts) {
+        std::vector<int64_t> kept;
+        std::vector<float> scores;
+        for (int64_t i = part; i < span.count; i += parts) {
+          const int64_t src = span.begin + i, n_kv = int64_t{span.n_past} + i + 1;
+          ref::qsa_select(a.index_q + src * a.index_heads * a.index_dim, pooled.data(), n_kv,
+                          a.index_heads, a.index_dim, a.ratio, a.budget, kept);
+          for (int h = 0; h < at.n_head; ++h)
+            attend_head(at, table, at.q + src * at.q_stride, kept, h, at.out + src * q_dim, scores,
+                        isa);
+        }
+      });
+      continue;
+    }
+    std::vector<int64_t> kept;
+    for (int64_t i = 0; i < span.count; ++i) {
+      const int64_t src = span.begin + i, n_kv = int64_t{span.n_past} + i + 1;
+      ref::qsa_select(a.index_q + src * a.index_heads * a.index_dim, pooled.data(), n_kv,
+                      a.index_heads, a.index_dim, a.ratio, a.budget, kept);
+      pool.run(static_cast<int>(n_parts), [&](int part, int parts) {
+        std::vector<float> scores;
+        for (int h = part; h < at.n_head; h += parts)
+          attend_head(at, table, at.q + src * at.q_stride, kept, h, at.out + src * q_dim, scores,
+                      isa);
+      });
+    }
   }
 }
 
