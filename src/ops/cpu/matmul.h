@@ -5,7 +5,7 @@
 // per call (quant_dot.h); F32, F16, BF16 against fp32 activations; every other type quant/ supports
 // is dequantised row by row into fp32. Batches below kGemmMinTokens (4) stream each weight row once
 // for all tokens (GEMV: memory-bound, rows handed out to threads in chunks); larger
-// batches on AVX-512 VNNI unpack 16-row panels of Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/Q5_0 weights to int8 once
+// batches on AVX-512 VNNI unpack 16-row panels of Q4_K/Q5_K/Q6_K/Q8_0/Q4_0 weights to int8 once
 // and reuse them for every token (matmul_gemm_avx512.cpp). Not reentrant per Context (one Scratch
 // per concurrent caller); must not be called from inside a ThreadPool part.
 #pragma once

@@ -1,4 +1,4 @@
-// Batched (prefill) matmul for Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/Q5_0 on AVX-512 VNNI: 16-row panels unpacked
+// Batched (prefill) matmul for Q4_K/Q5_K/Q6_K/Q8_0/Q4_0 on AVX-512 VNNI: 16-row panels unpacked
 // to int8 once per call and reused for every token row (matmul_gemm_avx512.cpp).
 #pragma once
 

@@ -1,4 +1,4 @@
-// Batched matmul on AVX-512 VNNI for Q4_K, Q5_K, Q6_K (against BlockQ8K) and Q8_0, Q4_0, Q5_0
+// Batched matmul on AVX-512 VNNI for Q4_K, Q5_K, Q6_K (against BlockQ8K) and Q8_0, Q4_0
 // (against BlockQ8_32): prefill, and MoE experts with several tokens. A panel of 16 weight rows
 // is unpacked once per call into int8-ready form and reused for every token, 8 tokens at a time.
 //
@@ -226,10 +226,9 @@ void run_tile(int T, const PanelBlock* panel, int64_t nb, const uint8_t* act, in
   }
 }
 
-// Q8_0 / Q4_0 / Q5_0: 32-value blocks with one fp16 scale, against BlockQ8_32 activations. The
-// codes become unsigned bytes u = q + o (Q8_0: q + 128, a flip of the sign bit; Q4_0: the raw
-// nibble, o = 8; Q5_0: nibble and fifth bit, o = 16), so y = d_w * d_a * (u . a - o * sum(a)), the
-// sum coming with the activation block.
+// Q8_0 / Q4_0: 32-value blocks with one fp16 scale, against BlockQ8_32 activations. The codes
+// become unsigned bytes u = q + o (Q8_0: q + 128, a flip of the sign bit; Q4_0: the raw nibble,
+// o = 8), so y = d_w * d_a * (u . a - o * sum(a)), the sum coming with the activation block.
 struct Panel32 {
   uint32_t q[8][kPanelRows];
   float d[kPanelRows];
@@ -250,31 +249,6 @@ void unpack_q4_0(const uint8_t* base, __m512i off, Panel32& p) {
     const __m512i v = gather(base, off, 2 + 4 * g);  // values 4g.. (low), 16 + 4g.. (high)
     _mm512_store_si512(p.q[g], _mm512_and_si512(v, m4));
     _mm512_store_si512(p.q[4 + g], _mm512_and_si512(_mm512_srli_epi32(v, 4), m4));
-  }
-}
-
-// Q5_0: 22-byte blocks (fp16 d, 32 fifth bits qh, 16 bytes of nibbles); value j is nibble j % 16
-// of qs[j % 16] (low for j < 16) with bit j of qh as its fifth bit, so u = q, o = 16.
-// Bit 4 of each byte k of the result: bit shift + k of qh.
-__m512i fifth_bits(__m512i qh, int shift) {
-  const __m512i t = _mm512_srlv_epi32(qh, _mm512_set1_epi32(shift));
-  const __m512i one = _mm512_set1_epi32(1);
-  __m512i r = _mm512_slli_epi32(_mm512_and_si512(t, one), 4);
-  r = _mm512_or_si512(r, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(t, 1), one), 12));
-  r = _mm512_or_si512(r, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(t, 2), one), 20));
-  return _mm512_or_si512(r, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(t, 3), one), 28));
-}
-
-void unpack_q5_0(const uint8_t* base, __m512i off, Panel32& p) {
-  _mm512_store_ps(p.d, halves_to_f32(gather(base, off, 0), false));
-  const __m512i qh = gather(base, off, 2);
-  const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
-  for (int g = 0; g < 4; ++g) {
-    const __m512i v = gather(base, off, 6 + 4 * g);  // values 4g.. (low), 16 + 4g.. (high)
-    _mm512_store_si512(p.q[g], _mm512_or_si512(_mm512_and_si512(v, m4), fifth_bits(qh, 4 * g)));
-    _mm512_store_si512(p.q[4 + g],
-                       _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v, 4), m4),
-                                       fifth_bits(qh, 16 + 4 * g)));
   }
 }
 
@@ -355,7 +329,7 @@ void gemm_rows32(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct&
                  int64_t ldy, ScratchBuffer& tmp) {
   const int64_t nb = w.ne[0] / 32;
   const int64_t block_bytes = traits(w.dtype).block_bytes;
-  const int code_offset = w.dtype == DType::Q8_0 ? 128 : w.dtype == DType::Q5_0 ? 16 : 8;
+  const bool q8 = w.dtype == DType::Q8_0;
   auto* panel = tmp.get<Panel32>(static_cast<size_t>(nb));
   for (int64_t pr = r0; pr < r1; pr += kPanelRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - pr));
@@ -365,23 +339,17 @@ void gemm_rows32(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct&
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = base + b * block_bytes;
       if (b + 1 < nb && b % 2 == 0) prefetch_next(blk, offs, 2 * block_bytes);
-      switch (w.dtype) {
-        case DType::Q8_0:
-          unpack_q8_0(blk, off, panel[b]);
-          break;
-        case DType::Q5_0:
-          unpack_q5_0(blk, off, panel[b]);
-          break;
-        default:
-          unpack_q4_0(blk, off, panel[b]);
-          break;
+      if (q8) {
+        unpack_q8_0(blk, off, panel[b]);
+      } else {
+        unpack_q4_0(blk, off, panel[b]);
       }
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
     for (int64_t t0 = 0; t0 < act.n; t0 += kTileTokens) {
       const int T = static_cast<int>(std::min<int64_t>(kTileTokens, act.n - t0));
       run_tile32(T, panel, nb, act.data + t0 * act.stride, act.stride, y + t0 * ldy + (pr - r0),
-                 ldy, mask, code_offset);
+                 ldy, mask, q8 ? 128 : 8);
     }
   }
 }
@@ -391,12 +359,12 @@ void gemm_rows32(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct&
 bool gemm_eligible(DType type, int64_t n_tokens, Isa isa) {
   if (isa < Isa::kAvx512 || n_tokens < kGemmMinTokens) return false;
   return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 ||
-         type == DType::Q4_0 || type == DType::Q5_0;
+         type == DType::Q4_0;
 }
 
 void gemm_rows(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct& act, float* y,
                int64_t ldy, ScratchBuffer& tmp) {
-  if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0 || w.dtype == DType::Q5_0) {
+  if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0) {
     gemm_rows32(w, r0, r1, act, y, ldy, tmp);
     return;
   }
