@@ -5,7 +5,6 @@
 #include <cstring>
 #include <vector>
 
-#include "core/error.h"
 #include "ops/cpu/isa.h"
 #include "ops/cpu/quant_dot.h"
 #include "ops/ref/kernels.h"
@@ -50,39 +49,12 @@ void attend_head(const AttentionArgs& at, const int32_t* table, const float* q,
 
 void qsa_attention_sparse(const StepLayout& step, const QsaArgs& a, ThreadPool& pool) {
   const AttentionArgs& at = a.attn;
-  const KvLayer& kv = at.kv;
-  if (!kv.idx || kv.idx_dim != a.index_dim)
-    fail("qsa_attention: the layer's KV pool holds no indexer keys of width {}", a.index_dim);
   const int64_t q_dim = int64_t{at.n_head} * at.head_dim;
-  const float* k_norm = ref::f32_data(a.k_norm);
   const Isa isa = active_isa();
   for (int s = 0; s < step.n_spans; ++s) {
     const Span& span = step.spans[s];
     const int32_t* table = step.page_tables + span.slot * step.page_table_stride;
-    for (int64_t i = 0; i < span.count; ++i) {
-      const int64_t row = page_row(kv, table, span.n_past + i), src = span.begin + i;
-      std::memcpy(kv.k + row * kv.kv_dim, at.k + src * kv.kv_dim, kv.kv_dim * 4);
-      std::memcpy(kv.v + row * kv.kv_dim, at.v + src * kv.kv_dim, kv.kv_dim * 4);
-      std::memcpy(kv.idx + row * kv.idx_dim, a.index_k + src * kv.idx_dim, kv.idx_dim * 4);
-    }
-    // Pooled keys of every block complete at the span's end (as the reference: double sums).
-    const int64_t n_total = int64_t{span.n_past} + span.count, n_blocks = n_total / a.ratio;
-    std::vector<float> pooled(n_blocks * a.index_dim);
-    std::vector<int32_t> starts(n_blocks);
-    std::vector<double> sum(a.index_dim);
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      std::fill(sum.begin(), sum.end(), 0.0);
-      for (int64_t j = 0; j < a.ratio; ++j) {
-        const float* r = kv.idx + page_row(kv, table, b * a.ratio + j) * kv.idx_dim;
-        for (int d = 0; d < a.index_dim; ++d) sum[d] += r[d];
-      }
-      for (int d = 0; d < a.index_dim; ++d)
-        pooled[b * a.index_dim + d] = static_cast<float>(sum[d] / a.ratio);
-      starts[b] = static_cast<int32_t>(b * a.ratio);
-    }
-    ref::rmsnorm(pooled.data(), k_norm, pooled.data(), n_blocks, a.index_dim, a.eps);
-    ref::rope_neox(pooled.data(), starts.data(), n_blocks, 1, a.index_dim, a.index_dim, a.n_rot,
-                   a.rope_theta);
+    const std::vector<float> pooled = ref::qsa_append_and_pool(span, table, a);
     // Queries in interleaved parts (later queries see more keys); a span of fewer queries than
     // parts (decode) splits each query's heads instead.
     const int64_t n_parts = pool.size();

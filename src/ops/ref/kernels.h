@@ -73,6 +73,12 @@ void ple_rows(const PleEmbedArgs& args, const int64_t* ctx, int64_t* rows);
 void qsa_select(const float* q, const float* pooled, int64_t n_kv, int heads, int dim, int ratio,
                 int budget, std::vector<int64_t>& positions);
 
+// A QSA span's first half (qsa_attention_spans): its K, V and raw indexer keys into the slot's
+// pages (table: the slot's page table), then the pooled block keys of the slot, one per block
+// complete at the span's end [n_blocks, index_dim] (mean of the raw keys, k_norm, RoPE at the
+// block's first position).
+std::vector<float> qsa_append_and_pool(const Span& span, const int32_t* table, const QsaArgs& a);
+
 // The data of an F32 tensor; Error naming it otherwise.
 const float* f32_data(const Weight& w);
 

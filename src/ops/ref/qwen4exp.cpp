@@ -191,41 +191,47 @@ void qsa_select(const float* q, const float* pooled, int64_t n_kv, int heads, in
   for (int64_t t = n_blocks * ratio; t < n_kv; ++t) positions.push_back(t);
 }
 
-// Per span: the new K/V and raw indexer keys into the slot's pages, the pooled block keys of the
-// slot, then each query attends (ref::attention over the gathered rows) to its selection.
-void qsa_attention_spans(const StepLayout& step, const QsaArgs& a) {
+std::vector<float> qsa_append_and_pool(const Span& span, const int32_t* table, const QsaArgs& a) {
   const AttentionArgs& at = a.attn;
   const KvLayer& kv = at.kv;
   if (!kv.idx || kv.idx_dim != a.index_dim)
     fail("qsa_attention: the layer's KV pool holds no indexer keys of width {}", a.index_dim);
+  for (int64_t i = 0; i < span.count; ++i) {
+    const int64_t row = kv_row(kv, table, span.n_past + i), src = span.begin + i;
+    std::memcpy(kv.k + row * kv.kv_dim, at.k + src * kv.kv_dim, kv.kv_dim * 4);
+    std::memcpy(kv.v + row * kv.kv_dim, at.v + src * kv.kv_dim, kv.kv_dim * 4);
+    std::memcpy(kv.idx + row * kv.idx_dim, a.index_k + src * kv.idx_dim, kv.idx_dim * 4);
+  }
+  // Pooled keys of every block complete at the span's end.
+  const int64_t n_total = int64_t{span.n_past} + span.count, n_blocks = n_total / a.ratio;
+  std::vector<float> pooled(n_blocks * a.index_dim);
+  std::vector<int32_t> starts(n_blocks);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    for (int d = 0; d < a.index_dim; ++d) {
+      double sum = 0;
+      for (int64_t j = 0; j < a.ratio; ++j)
+        sum += kv.idx[kv_row(kv, table, b * a.ratio + j) * kv.idx_dim + d];
+      pooled[b * a.index_dim + d] = static_cast<float>(sum / a.ratio);
+    }
+    starts[b] = static_cast<int32_t>(b * a.ratio);
+  }
+  rmsnorm(pooled.data(), f32_data(a.k_norm), pooled.data(), n_blocks, a.index_dim, a.eps);
+  rope_neox(pooled.data(), starts.data(), n_blocks, 1, a.index_dim, a.index_dim, a.n_rot,
+            a.rope_theta);
+  return pooled;
+}
+
+// Per span: qsa_append_and_pool, then each query attends (ref::attention over the gathered rows)
+// to its selection.
+void qsa_attention_spans(const StepLayout& step, const QsaArgs& a) {
+  const AttentionArgs& at = a.attn;
+  const KvLayer& kv = at.kv;
   const int64_t q_dim = int64_t{at.n_head} * at.head_dim;
-  const float* k_norm = f32_data(a.k_norm);
   std::vector<int64_t> selected;
   for (int s = 0; s < step.n_spans; ++s) {
     const Span& span = step.spans[s];
     const int32_t* table = step.page_tables + span.slot * step.page_table_stride;
-    for (int64_t i = 0; i < span.count; ++i) {
-      const int64_t row = kv_row(kv, table, span.n_past + i), src = span.begin + i;
-      std::memcpy(kv.k + row * kv.kv_dim, at.k + src * kv.kv_dim, kv.kv_dim * 4);
-      std::memcpy(kv.v + row * kv.kv_dim, at.v + src * kv.kv_dim, kv.kv_dim * 4);
-      std::memcpy(kv.idx + row * kv.idx_dim, a.index_k + src * kv.idx_dim, kv.idx_dim * 4);
-    }
-    // Pooled keys of every block complete at the span's end.
-    const int64_t n_total = int64_t{span.n_past} + span.count, n_blocks = n_total / a.ratio;
-    std::vector<float> pooled(n_blocks * a.index_dim);
-    std::vector<int32_t> starts(n_blocks);
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      for (int d = 0; d < a.index_dim; ++d) {
-        double sum = 0;
-        for (int64_t j = 0; j < a.ratio; ++j)
-          sum += kv.idx[kv_row(kv, table, b * a.ratio + j) * kv.idx_dim + d];
-        pooled[b * a.index_dim + d] = static_cast<float>(sum / a.ratio);
-      }
-      starts[b] = static_cast<int32_t>(b * a.ratio);
-    }
-    rmsnorm(pooled.data(), k_norm, pooled.data(), n_blocks, a.index_dim, a.eps);
-    rope_neox(pooled.data(), starts.data(), n_blocks, 1, a.index_dim, a.index_dim, a.n_rot,
-              a.rope_theta);
+    const std::vector<float> pooled = qsa_append_and_pool(span, table, a);
     for (int64_t i = 0; i < span.count; ++i) {
       const int64_t src = span.begin + i, n_kv = int64_t{span.n_past} + i + 1;
       qsa_select(a.index_q + src * a.index_heads * a.index_dim, pooled.data(), n_kv, a.index_heads,
