@@ -191,23 +191,8 @@ class CpuOps final : public HostOps {
   // (ref::qsa_select): dense causal attention, on this backend's kernel, once the raw indexer keys
   // are in their pages. Otherwise each query's selection and attention over it (cpu/qsa.h).
   void qsa_attention(const QsaArgs& a) override {
-    const KvLayer& kv = a.attn.kv;
-    bool dense = kv.idx != nullptr && kv.idx_dim == a.index_dim && a.ratio > 0;
-    for (int s = 0; dense && s < step_.n_spans; ++s) {
-      const Span& span = step_.spans[s];
-      dense = (int64_t{span.n_past} + span.count) / a.ratio <= a.budget / a.ratio;
-    }
-    if (!dense) return cpu::qsa_attention_sparse(step_, a, pool_);
-    for (int s = 0; s < step_.n_spans; ++s) {
-      const Span& span = step_.spans[s];
-      const int32_t* table = step_.page_tables + span.slot * step_.page_table_stride;
-      for (int64_t i = 0; i < span.count; ++i) {
-        const int64_t t = span.n_past + i;
-        const int64_t row = int64_t{table[t / kv.page_size]} * kv.page_size + t % kv.page_size;
-        std::memcpy(kv.idx + row * kv.idx_dim, a.index_k + (span.begin + i) * kv.idx_dim,
-                    kv.idx_dim * 4);
-      }
-    }
+    if (!cpu::qsa_keeps_every_key(step_, a)) return cpu::qsa_attention_sparse(step_, a, pool_);
+    cpu::qsa_write_index_keys(step_, a);
     attention(a.attn);
   }
 

@@ -47,6 +47,28 @@ void attend_head(const AttentionArgs& at, const int32_t* table, const float* q,
 
 }  // namespace
 
+bool qsa_keeps_every_key(const StepLayout& step, const QsaArgs& a) {
+  const KvLayer& kv = a.attn.kv;
+  if (kv.idx == nullptr || kv.idx_dim != a.index_dim || a.ratio <= 0) return false;
+  for (int s = 0; s < step.n_spans; ++s) {
+    const Span& span = step.spans[s];
+    if ((int64_t{span.n_past} + span.count) / a.ratio > a.budget / a.ratio) return false;
+  }
+  return true;
+}
+
+void qsa_write_index_keys(const StepLayout& step, const QsaArgs& a) {
+  const KvLayer& kv = a.attn.kv;
+  for (int s = 0; s < step.n_spans; ++s) {
+    const Span& span = step.spans[s];
+    const int32_t* table = step.page_tables + span.slot * step.page_table_stride;
+    for (int64_t i = 0; i < span.count; ++i) {
+      std::memcpy(kv.idx + page_row(kv, table, span.n_past + i) * kv.idx_dim,
+                  a.index_k + (span.begin + i) * kv.idx_dim, kv.idx_dim * 4);
+    }
+  }
+}
+
 void qsa_attention_sparse(const StepLayout& step, const QsaArgs& a, ThreadPool& pool) {
   const AttentionArgs& at = a.attn;
   const int64_t q_dim = int64_t{at.n_head} * at.head_dim;
@@ -55,34 +77,37 @@ void qsa_attention_sparse(const StepLayout& step, const QsaArgs& a, ThreadPool& 
     const Span& span = step.spans[s];
     const int32_t* table = step.page_tables + span.slot * step.page_table_stride;
     const std::vector<float> pooled = ref::qsa_append_and_pool(span, table, a);
+    // Query i's kept positions.
+    auto select = [&](int64_t i, std::vector<int64_t>& kept) {
+      ref::qsa_select(a.index_q + (span.begin + i) * a.index_heads * a.index_dim, pooled.data(),
+                      int64_t{span.n_past} + i + 1, a.index_heads, a.index_dim, a.ratio, a.budget,
+                      kept);
+    };
+    auto attend = [&](int64_t i, const std::vector<int64_t>& kept, int h,
+                      std::vector<float>& scores) {
+      const int64_t src = span.begin + i;
+      attend_head(at, table, at.q + src * at.q_stride, kept, h, at.out + src * q_dim, scores, isa);
+    };
     // Queries in interleaved parts (later queries see more keys); a span of fewer queries than
     // parts (decode) splits each query's heads instead.
-    const int64_t n_parts = pool.size();
+    const int n_parts = pool.size();
     if (span.count >= n_parts) {
-      pool.run(static_cast<int>(n_parts), [&](int part, int parts) {
+      pool.run(n_parts, [&](int part, int parts) {
         std::vector<int64_t> kept;
         std::vector<float> scores;
         for (int64_t i = part; i < span.count; i += parts) {
-          const int64_t src = span.begin + i, n_kv = int64_t{span.n_past} + i + 1;
-          ref::qsa_select(a.index_q + src * a.index_heads * a.index_dim, pooled.data(), n_kv,
-                          a.index_heads, a.index_dim, a.ratio, a.budget, kept);
-          for (int h = 0; h < at.n_head; ++h)
-            attend_head(at, table, at.q + src * at.q_stride, kept, h, at.out + src * q_dim, scores,
-                        isa);
+          select(i, kept);
+          for (int h = 0; h < at.n_head; ++h) attend(i, kept, h, scores);
         }
       });
       continue;
     }
     std::vector<int64_t> kept;
     for (int64_t i = 0; i < span.count; ++i) {
-      const int64_t src = span.begin + i, n_kv = int64_t{span.n_past} + i + 1;
-      ref::qsa_select(a.index_q + src * a.index_heads * a.index_dim, pooled.data(), n_kv,
-                      a.index_heads, a.index_dim, a.ratio, a.budget, kept);
-      pool.run(static_cast<int>(n_parts), [&](int part, int parts) {
+      select(i, kept);
+      pool.run(n_parts, [&](int part, int parts) {
         std::vector<float> scores;
-        for (int h = part; h < at.n_head; h += parts)
-          attend_head(at, table, at.q + src * at.q_stride, kept, h, at.out + src * q_dim, scores,
-                      isa);
+        for (int h = part; h < at.n_head; h += parts) attend(i, kept, h, scores);
       });
     }
   }

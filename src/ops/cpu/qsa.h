@@ -8,8 +8,14 @@
 
 namespace qwenrt::ops::cpu {
 
-// The step's K, V and raw indexer keys into their pages, each span's pooled block keys, then per
-// query ref::qsa_select and attention over the kept positions (fp32, online softmax).
+// Whether no query of the step sees more complete blocks than the budget keeps: then QSA keeps
+// every key (ref::qsa_select) and is dense causal attention.
+bool qsa_keeps_every_key(const StepLayout& step, const QsaArgs& a);
+// The step's raw indexer keys into their pages (the dense path's part of QSA besides attention).
+void qsa_write_index_keys(const StepLayout& step, const QsaArgs& a);
+
+// Per span: ref::qsa_append_and_pool (K, V and indexer keys into the pages, the pooled block
+// keys), then per query ref::qsa_select and attention over the kept positions (fp32).
 void qsa_attention_sparse(const StepLayout& step, const QsaArgs& a, ThreadPool& pool);
 
 }  // namespace qwenrt::ops::cpu

@@ -176,14 +176,13 @@ int warps_for(int64_t n_sb, int nm, int mt, int nt) {
   return static_cast<int>(std::min<int64_t>({most, by_smem, by_row}));
 }
 
-// M-tiles a block takes: 2 up to 16 rows where the type has a cached form (Q4_K, Q5_K), else 1;
-// QWENRT_CUDA_MMA_MT=1 keeps one (read per call: tests switch it). Measured on the H200
-// (bench/results/h200-mma-gemv-2026-12-04.md): Q4_K 5120 x 17408 SwiGLU 29.3% -> 37.3% of the
-// bandwidth at 8 rows, 18.6% -> 22.7% at 16; 27B x16 decode 699 -> 776 tok/s.
-int mt_for(bool cached, int nt) {
-  if (!cached || nt > 2) return 1;
+// Whether blocks take two m-tiles where they may (up to 16 rows, types with a cached form: Q4_K,
+// Q5_K); QWENRT_CUDA_MMA_MT=1 keeps one (read per call: tests switch it). Measured on the H200
+// (bench/results/h200-mma-gemv-2026-12-04.md): Q4_K 5120 x 17408 SwiGLU 29.6% -> 37.2% of the
+// bandwidth at 8 rows, 18.6% -> 22.6% at 16; 27B x16 decode 694 -> 756 tok/s.
+bool two_m_tiles() {
   const char* v = std::getenv("QWENRT_CUDA_MMA_MT");
-  return v && v[0] == '1' ? 1 : 2;
+  return !(v && v[0] == '1');
 }
 
 bool mma_fits(const MatArg& m, const Acts& a) {
@@ -209,7 +208,7 @@ bool launch_mma(Group g, int64_t n, const Acts& a, cudaStream_t stream) {
             g, static_cast<int>(n), a);
       };
       if constexpr (T::kCached && NT <= 2) {
-        if (mt_for(true, NT) == 2) return launch.template operator()<2>();
+        if (two_m_tiles()) return launch.template operator()<2>();
       }
       launch.template operator()<1>();
     });

@@ -145,7 +145,8 @@ struct ActK32 {
     for (int nt = 0; nt < NT; ++nt) {
       const int8_t* p = al.q + nt * al.q_step + sb * 256 + 8 * t;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) q[nt][j] = qb::load8(reinterpret_cast<const uint8_t*>(p + 32 * j));
+      for (int j = 0; j < 8; ++j)
+        q[nt][j] = qb::load8(reinterpret_cast<const uint8_t*>(p + 32 * j));
       const int64_t ds = tile_scales(al, nt, sb, xd0[nt], xd1[nt]);
       if constexpr (MIN) {
         load8f(al.s + ds, xs0[nt]);
@@ -202,7 +203,8 @@ struct MmaK4 {
     return r;
   }
   static constexpr bool kMin = true;  // the min term (block sums of the activations)
-  static constexpr bool kCached = true;  // decode() + ActK32: several weight tiles per activation load
+  // decode() + ActK32: several weight tiles per activation load (gemv_mma.cu's two m-tiles).
+  static constexpr bool kCached = true;
   template <int NT>
   static __device__ __forceinline__ void compute(const Raw& r, int64_t sb, int t, const ActLane& al,
                                                  float (&acc)[NT][4]) {
@@ -259,7 +261,6 @@ struct MmaQ80S {
     }
     return r;
   }
-  static constexpr bool kMin = false;
   // Two m-tiles measured slower for Q8_0 (5120 x 17408 at 8 rows: 38.9% of the bandwidth against
   // 46.2%, 35B-A3B x8 decode 957.9 against 982.6 tok/s): its weight loads outweigh the activation
   // loads a second tile saves, and the registers cost a block an SM.
