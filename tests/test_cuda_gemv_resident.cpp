@@ -269,81 +269,104 @@ TEST(CudaMatmulLaunchers, ResidentGroupSwiGluAndExpertsMatchReference) {
   }
 }
 
-// The tensor-core GEMV (gemv_mma.cu) with two m-tiles a block (the default up to 16 rows: each
-// superblock's activation fragments applied to 32 weight rows) against one m-tile
-// (QWENRT_CUDA_MMA_MT=1): warp w takes the same superblocks in the same order and the warps' tiles
-// are summed in the same order, so they must agree to 1e-5 of the largest output, on every output
-// (poisoned first). Outputs of 7, 61 and 515 rows end in partial 32-row blocks; 17 activation rows
-// take one m-tile either way. Q4_K and Q5_K (Q6_K and Q8_0 always take one). The default is also
-// held to the reference (test_cuda_matmul.cpp covers the small shapes).
+// Two settings of the tensor-core GEMV (gemv_mma.cu) that must give the same sums: env = a against
+// env = b over a single matrix, a group of three (the middle one of type `mid`) and a dense
+// SwiGLU, for 3..32 activation rows. Every output must be written (poisoned first) and agree to
+// `tol` of the largest output. Outputs of 7, 61 and 515 rows end in partial 32-row blocks. The
+// single matrix under setting a is also held to the reference at 8 rows.
+void expect_mma_settings_agree(const char* env, const char* a, const char* b, const ResidentType& t,
+                               DType mid, const std::vector<int64_t>& ns, float tol,
+                               std::mt19937& rng) {
+  for (int64_t in : {256 * 5, 5120, 17408}) {
+    const int64_t outs[3] = {515, 7, 61}, ff = 300;
+    std::vector<HostWeight> hw;
+    std::vector<PlacedWeight> pw;
+    for (int i = 0; i < 3; ++i) {
+      hw.push_back(make_weight(i == 1 ? mid : t.type, in, outs[i], 1, rng));
+      pw.push_back(place_weight(hw[i], t.q8s && hw[i].view.dtype == DType::Q8_0));
+    }
+    const HostWeight hg = make_weight(t.type, in, ff, 1, rng),
+                     hu = make_weight(t.type, in, ff, 1, rng);
+    const PlacedWeight pg = place_weight(hg, t.q8s), pu = place_weight(hu, t.q8s);
+    for (int64_t n : ns) {
+      const std::vector<float> x = random_floats(n * in, rng);
+      auto dx = to_device(x.data(), n * in * 4);
+      auto run = [&](const char* value) {
+        const testing_support::ScopedEnv scoped(env, value);
+        std::vector<float> all;
+        auto take = [&](const DeviceBuffer& buf, int64_t count) {
+          const std::vector<float> v = to_host(buf, count);
+          all.insert(all.end(), v.begin(), v.end());
+        };
+        DeviceBuffer ws(matmul_workspace_bytes(pw[0].m, n));
+        auto y = poisoned(n * outs[0]);
+        matmul(pw[0].m, dx->f(), y->f(), n, ws.ptr, nullptr);
+        take(*y, n * outs[0]);
+        std::vector<std::unique_ptr<DeviceBuffer>> ys;
+        std::vector<Projection> p;
+        for (int i = 0; i < 3; ++i) {
+          ys.push_back(poisoned(n * outs[i]));
+          p.push_back({.w = pw[i].m, .y = ys[i]->f()});
+        }
+        DeviceBuffer wsg(matmul_group_workspace_bytes(p.data(), 3, n));
+        matmul_group(p.data(), 3, dx->f(), n, wsg.ptr, nullptr);
+        for (int i = 0; i < 3; ++i) take(*ys[i], n * outs[i]);
+        DeviceBuffer wss(matmul_swiglu_workspace_bytes(pg.m, n));
+        auto ysw = poisoned(n * ff);
+        matmul_swiglu(pg.m, pu.m, dx->f(), ysw->f(), n, wss.ptr, nullptr);
+        take(*ysw, n * ff);
+        return all;
+      };
+      const std::vector<float> va = run(a), vb = run(b);
+      ASSERT_EQ(va.size(), vb.size());
+      float largest = 0.0f;
+      for (float v : vb) largest = std::isnan(v) ? largest : std::max(largest, std::fabs(v));
+      size_t differ = 0, unwritten = 0;
+      for (size_t i = 0; i < va.size(); ++i) {
+        unwritten += std::isnan(va[i]);
+        differ +=
+            std::isnan(va[i]) || std::isnan(vb[i]) || std::fabs(va[i] - vb[i]) > tol * largest;
+      }
+      EXPECT_EQ(unwritten, 0u) << t.name << " in=" << in << " n=" << n;
+      EXPECT_EQ(differ, 0u) << t.name << " in=" << in << " n=" << n << ": " << differ << " of "
+                            << va.size() << " outputs differ between " << env << "=" << a << " and "
+                            << b;
+      if (n == 8) {  // the single matrix against the reference
+        std::vector<float> want(n * outs[0]);
+        ref::matmul(Weight{"w", hw[0].view}, x.data(), want.data(), n);
+        const std::vector<float> got(va.begin(), va.begin() + n * outs[0]);
+        EXPECT_LT(rel_l2(got, want), 2.5e-2) << t.name << " in=" << in;
+      }
+    }
+  }
+}
+
+// Two m-tiles a block (the default up to 16 rows for Q4_K and Q5_K: each superblock's activation
+// fragments applied to 32 weight rows) against one (QWENRT_CUDA_MMA_MT=1): warp w takes the same
+// superblocks in the same order and the warps' tiles are summed in the same order. 17 activation
+// rows take one m-tile either way.
 TEST(CudaMatmulLaunchers, MmaGemvTwoTilesEqualOne) {
   if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(26);
   const ResidentType types[] = {{DType::Q4_K, false, "Q4_K"}, {DType::Q5_K, false, "Q5_K"}};
-  for (const ResidentType& t : types) {
-    for (int64_t in : {256 * 5, 5120, 17408}) {
-      const int64_t outs[3] = {515, 7, 61}, ff = 300;
-      std::vector<HostWeight> hw;
-      std::vector<PlacedWeight> pw;
-      for (int i = 0; i < 3; ++i) {
-        hw.push_back(make_weight(t.type, in, outs[i], 1, rng));
-        pw.push_back(place_weight(hw[i], t.q8s));
-      }
-      const HostWeight hg = make_weight(t.type, in, ff, 1, rng),
-                       hu = make_weight(t.type, in, ff, 1, rng);
-      const PlacedWeight pg = place_weight(hg, t.q8s), pu = place_weight(hu, t.q8s);
-      for (int64_t n : {3, 8, 9, 16, 17}) {
-        const std::vector<float> x = random_floats(n * in, rng);
-        auto dx = to_device(x.data(), n * in * 4);
-        // A single matrix, a group of three, a dense SwiGLU.
-        auto run = [&](const char* tiles) {
-          const testing_support::ScopedEnv env("QWENRT_CUDA_MMA_MT", tiles);
-          std::vector<float> all;
-          auto take = [&](const DeviceBuffer& b, int64_t count) {
-            const std::vector<float> v = to_host(b, count);
-            all.insert(all.end(), v.begin(), v.end());
-          };
-          DeviceBuffer ws(matmul_workspace_bytes(pw[0].m, n));
-          auto y = poisoned(n * outs[0]);
-          matmul(pw[0].m, dx->f(), y->f(), n, ws.ptr, nullptr);
-          take(*y, n * outs[0]);
-          std::vector<std::unique_ptr<DeviceBuffer>> ys;
-          std::vector<Projection> p;
-          for (int i = 0; i < 3; ++i) {
-            ys.push_back(poisoned(n * outs[i]));
-            p.push_back({.w = pw[i].m, .y = ys[i]->f()});
-          }
-          DeviceBuffer wsg(matmul_group_workspace_bytes(p.data(), 3, n));
-          matmul_group(p.data(), 3, dx->f(), n, wsg.ptr, nullptr);
-          for (int i = 0; i < 3; ++i) take(*ys[i], n * outs[i]);
-          DeviceBuffer wss(matmul_swiglu_workspace_bytes(pg.m, n));
-          auto ysw = poisoned(n * ff);
-          matmul_swiglu(pg.m, pu.m, dx->f(), ysw->f(), n, wss.ptr, nullptr);
-          take(*ysw, n * ff);
-          return all;
-        };
-        const std::vector<float> two = run("2"), one = run("1");
-        ASSERT_EQ(two.size(), one.size());
-        float largest = 0.0f;
-        for (float v : one) largest = std::isnan(v) ? largest : std::max(largest, std::fabs(v));
-        size_t differ = 0, unwritten = 0;
-        for (size_t i = 0; i < two.size(); ++i) {
-          unwritten += std::isnan(two[i]);
-          differ += std::isnan(two[i]) || std::isnan(one[i]) ||
-                    std::fabs(two[i] - one[i]) > 1e-5f * largest;
-        }
-        EXPECT_EQ(unwritten, 0u) << t.name << " in=" << in << " n=" << n;
-        EXPECT_EQ(differ, 0u) << t.name << " in=" << in << " n=" << n << ": " << differ << " of "
-                              << two.size() << " outputs differ";
-        if (n == 8) {  // the single matrix against the reference
-          std::vector<float> want(n * outs[0]);
-          ref::matmul(Weight{"w", hw[0].view}, x.data(), want.data(), n);
-          const std::vector<float> got(two.begin(), two.begin() + n * outs[0]);
-          EXPECT_LT(rel_l2(got, want), 2.5e-2) << t.name << " in=" << in;
-        }
-      }
-    }
-  }
+  for (const ResidentType& t : types)
+    expect_mma_settings_agree("QWENRT_CUDA_MMA_MT", "2", "1", t, t.type, {3, 8, 9, 16, 17}, 1e-5f,
+                              rng);
+}
+
+// Activations read in the tile order (the default for the k32 types) against the row-major reads
+// (QWENRT_CUDA_MMA_TILED=0): the same int8 values and the same sums in the same order, so equal to
+// 1e-6 of the largest output, for one to four n-tiles. The group's middle matrix is Q6_K, which
+// reads the row-major copy beside the tiles.
+TEST(CudaMatmulLaunchers, MmaGemvTiledActsEqualRowMajor) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(27);
+  const ResidentType types[] = {{DType::Q4_K, false, "Q4_K"},
+                                {DType::Q5_K, false, "Q5_K"},
+                                {DType::Q8_0, true, "Q8_0 superblocks"}};
+  for (const ResidentType& t : types)
+    expect_mma_settings_agree("QWENRT_CUDA_MMA_TILED", "1", "0", t, DType::Q6_K,
+                              {3, 8, 13, 16, 24, 32}, 1e-6f, rng);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // x [rows, in] fp32 -> int8 blocks of 32 with an fp32 scale and the block sum, the form every
 // GEMV and the tensor-core GEMV read (quant_blocks.cuh, "Activations").
 #include <cstdint>
+#include <cstdlib>
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/matmul_args.cuh"
@@ -15,6 +16,19 @@ int64_t align256(int64_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
+// The tile order (Acts::tq, mma_quant.cuh "ActTiles"), for rows padded to whole 8-row n-tiles
+// and in % 256 == 0: n-tile nt's superblock sb is 2048 int8 values at (nt * n_sb + sb) * 2048,
+// [block pair jp][row g][lane t][half h][8], holding elements 8t..8t+7 of block 2 jp + h of row
+// 8 nt + g (the k permutation of gemv_mma.cu: lane (g, t) takes one 16-byte run per block pair,
+// and a warp's load is 512 contiguous bytes); its scales and block sums are 64 floats at
+// (nt * n_sb + sb) * 64, [row g][block j].
+struct Tiles {
+  int8_t* q;
+  float* d;
+  float* s;
+  int64_t nb;  // blocks of 32 a row (0: no tiles)
+};
+
 // One warp per block of 32: d = max|x| / 127, q = round(x / d), s = d * sum(q) (the min and offset
 // terms of the tensor-core GEMV). n_blocks = n * in / 32 (rows are contiguous and in is a multiple
 // of 32, so a flat index is row-major). A NaN input gives a NaN scale, so it reaches the output as
@@ -22,7 +36,7 @@ int64_t align256(int64_t bytes) {
 // Blocks from n_blocks to n_padded (the rows that pad the last 8-row tile) become zeros.
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks, int64_t n_padded,
                                    int8_t* __restrict__ q, float* __restrict__ d,
-                                   float* __restrict__ s) {
+                                   float* __restrict__ s, Tiles tl) {
   pdl_launch_dependents();
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -30,17 +44,31 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks
   if (blk >= n_blocks) {
     q[blk * 32 + lane] = 0;
     if (lane == 0) d[blk] = s[blk] = 0.0f;
-    return;
+  } else {
+    quantize_block32(x[blk * 32 + lane], lane, q + blk * 32, d + blk, s + blk);
   }
-  quantize_block32(x[blk * 32 + lane], lane, q + blk * 32, d + blk, s + blk);
+  if (tl.nb == 0) return;
+  // The thread reads back what it (q) or its warp's lane 0 (d, s) wrote.
+  __syncwarp();
+  const int64_t row = blk / tl.nb, b = blk % tl.nb;
+  const int64_t tile = (row / 8) * (tl.nb / 8) + b / 8;
+  const int g = static_cast<int>(row % 8), j = static_cast<int>(b % 8);
+  tl.q[tile * 2048 + (j / 2) * 512 + g * 64 + (lane / 8) * 16 + (j % 2) * 8 + lane % 8] =
+      q[blk * 32 + lane];
+  if (lane == 0) {
+    tl.d[tile * 64 + g * 8 + j] = d[blk];
+    tl.s[tile * 64 + g * 8 + j] = s[blk];
+  }
 }
 
 // The quantised activations' place in the workspace: q [rows, in], then d and s [rows, in / 32],
-// rows padded to whole 8-row tiles (zeros) for the tensor-core GEMV.
+// rows padded to whole 8-row tiles (zeros) for the tensor-core GEMV, then the same three in the
+// tile order.
 struct QuantAct {
   int8_t* q;
   float* d;
   float* s;
+  Tiles tiles;
 };
 int64_t padded_rows(int64_t rows) {
   return (rows + 7) / 8 * 8;
@@ -49,37 +77,53 @@ QuantAct quant_act_at(void* workspace, int64_t rows, int64_t in) {
   if (!aligned(workspace, 16)) cuda_fail("matmul workspace {} is not 16-byte aligned", workspace);
   rows = padded_rows(rows);
   auto* base = static_cast<int8_t*>(workspace);
-  const int64_t scales = align256(rows * in / qb::kActBlock * 4);
-  auto* d = reinterpret_cast<float*>(base + align256(rows * in));
-  return {base, d, reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(d) + scales)};
+  const int64_t values = align256(rows * in), scales = align256(rows * in / qb::kActBlock * 4);
+  auto at = [&](int64_t off) { return reinterpret_cast<float*>(base + off); };
+  int8_t* tq = base + values + 2 * scales;
+  return {base,
+          at(values),
+          at(values + scales),
+          {tq, at(2 * values + 2 * scales), at(2 * values + 3 * scales), 0}};
+}
+
+bool tiles_on() {
+  const char* v = std::getenv("QWENRT_CUDA_MMA_TILED");
+  return !(v && v[0] == '0');
 }
 
 }  // namespace
 
 int64_t quant_act_bytes(int64_t rows, int64_t in) {
   rows = padded_rows(rows);
-  return align256(rows * in) + 2 * align256(rows * in / qb::kActBlock * 4);
+  return 2 * (align256(rows * in) + 2 * align256(rows * in / qb::kActBlock * 4));
 }
 
 // Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
 // reads.
 Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* workspace,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, bool tiles) {
   Acts a{nullptr, nullptr, x, in};
   if (!needed || rows == 0) return a;
   if (in % qb::kActBlock != 0) cuda_fail("matmul: in = {} is not a multiple of 32", in);
   if (workspace == nullptr) cuda_fail("matmul: quantised weights need a workspace");
-  const QuantAct qa = quant_act_at(workspace, rows, in);
+  QuantAct qa = quant_act_at(workspace, rows, in);
+  tiles = tiles && in % (8 * qb::kActBlock) == 0 && tiles_on();
+  if (tiles) qa.tiles.nb = in / qb::kActBlock;
   const int64_t n_blocks = rows * in / qb::kActBlock;
   const int64_t n_padded = padded_rows(rows) * in / qb::kActBlock;
   constexpr int kBlocksPerCta = 256 / 32;
   const int64_t grid = (n_padded + kBlocksPerCta - 1) / kBlocksPerCta;
   quantize_q8_kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, n_blocks, n_padded, qa.q,
-                                                                      qa.d, qa.s);
+                                                                      qa.d, qa.s, qa.tiles);
   QWENRT_CUDA_CHECK_LAUNCH();
   a.q = qa.q;
   a.d = qa.d;
   a.s = qa.s;
+  if (tiles) {
+    a.tq = qa.tiles.q;
+    a.td = qa.tiles.d;
+    a.ts = qa.tiles.s;
+  }
   return a;
 }
 

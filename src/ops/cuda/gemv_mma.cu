@@ -48,7 +48,10 @@ using mmaq::kSuperElems;
 // weight loads and the kernel is bound by the L1 (ncu, Q4_K 2048 x 248320 at 8 rows: L1/TEX 90%
 // busy, DRAM 36%). Each output's sum is the same for every MT (same superblocks per warp, same
 // order, the warps' tiles summed in warp order).
-template <class T, int NT, int NM, int MT>
+// TL: the activations are read in the tile order (Acts::tq; types with k32 fragments): a warp's
+// activation loads are contiguous runs instead of 8 rows' cache lines each. The values and the
+// order of the sums are those of the row-major reads.
+template <class T, int NT, int NM, int MT, bool TL>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     mma_gemv_kernel(const __grid_constant__ Group g, int n, Acts a) {
   pdl_launch_dependents();
@@ -63,6 +66,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const int64_t out = g.job[j].m.out;
   const int64_t n_sb = a.in / kSuperElems;
   const ActLane al = act_lane(a, gq, t);
+  const mmaq::ActTiles at = mmaq::act_tiles(a, gq, t);
   float acc[NM][MT][NT][4] = {};
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
@@ -78,12 +82,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     // (Loading the next superblock before computing this one measured slower: 515 -> 478 tok/s
     // on the 27B at 8 rows; the registers cost more warps than the loads in flight gain.)
     for (int64_t sb = warp; sb < n_sb; sb += warps) {
-      if constexpr (MT == 1) {
+      if constexpr (MT == 1 && !TL) {
         const typename T::Raw r = T::load(w0[0] + sb * T::kBytes, w1[0] + sb * T::kBytes, t);
         T::template compute<NT>(r, sb, t, al, acc[m][0]);
       } else {
         mmaq::ActK32<NT, T::kMin> x;
-        x.load(al, sb, t);
+        if constexpr (TL) {
+          x.load(at, sb);
+        } else {
+          x.load(al, sb, t);
+        }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const typename T::Raw r = T::load(w0[mt] + sb * T::kBytes, w1[mt] + sb * T::kBytes, t);
@@ -176,13 +184,15 @@ int warps_for(int64_t n_sb, int nm, int mt, int nt) {
   return static_cast<int>(std::min<int64_t>({most, by_smem, by_row}));
 }
 
-// Whether blocks take two m-tiles where they may (up to 16 rows, types with a cached form: Q4_K,
-// Q5_K); QWENRT_CUDA_MMA_MT=1 keeps one (read per call: tests switch it). Measured on the H200
-// (bench/results/h200-mma-gemv-2026-12-04.md): Q4_K 5120 x 17408 SwiGLU 29.6% -> 37.2% of the
-// bandwidth at 8 rows, 18.6% -> 22.6% at 16; 27B x16 decode 694 -> 756 tok/s.
-bool two_m_tiles() {
+// Where blocks take two m-tiles (up to 16 rows): 1 for the types with a cached form (Q4_K, Q5_K;
+// the default), 0 nowhere (QWENRT_CUDA_MMA_MT=1), 2 for every type with k32 fragments, Q8_0
+// superblocks too (QWENRT_CUDA_MMA_MT=2; a measurement knob). Read per call: tests switch it.
+// Measured on the H200 (bench/results/h200-mma-gemv-2026-12-04.md): Q4_K 5120 x 17408 SwiGLU
+// 29.6% -> 37.2% of the bandwidth at 8 rows, 18.6% -> 22.6% at 16; 27B x16 decode 694 -> 756
+// tok/s; Q8_0 slower with two (row-major activations).
+int two_m_tiles() {
   const char* v = std::getenv("QWENRT_CUDA_MMA_MT");
-  return !(v && v[0] == '1');
+  return v && v[0] == '1' ? 0 : v && v[0] == '2' ? 2 : 1;
 }
 
 bool mma_fits(const MatArg& m, const Acts& a) {
@@ -196,7 +206,7 @@ template <int NM>
 bool launch_mma(Group g, int64_t n, const Acts& a, cudaStream_t stream) {
   return with_mma_type(g.job[0].m, [&]<class T>() {
     with_nt(n, [&]<int NT>() {
-      auto launch = [&]<int MT>() {
+      auto launch = [&]<int MT, bool TL>() {
         int64_t blocks = 0;
         for (int i = 0; i < g.n_jobs; ++i) {
           g.job[i].first_block = NM == 1 ? blocks : 0;
@@ -204,13 +214,21 @@ bool launch_mma(Group g, int64_t n, const Acts& a, cudaStream_t stream) {
         }
         const int warps = warps_for(a.in / kSuperElems, NM, MT, NT);
         const size_t smem = size_t{NM} * MT * NT * 4 * 32 * 4 * warps;
-        mma_gemv_kernel<T, NT, NM, MT><<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(
-            g, static_cast<int>(n), a);
+        mma_gemv_kernel<T, NT, NM, MT, TL>
+            <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(g, static_cast<int>(n),
+                                                                          a);
       };
-      if constexpr (T::kCached && NT <= 2) {
-        if (two_m_tiles()) return launch.template operator()<2>();
+      auto with_tl = [&]<int MT>() {
+        if constexpr (T::kK32) {
+          if (a.tq != nullptr) return launch.template operator()<MT, true>();
+        }
+        launch.template operator()<MT, false>();
+      };
+      if constexpr (T::kK32 && NT <= 2) {
+        const int mode = two_m_tiles();
+        if (mode == 2 || (mode == 1 && T::kCached)) return with_tl.template operator()<2>();
       }
-      launch.template operator()<1>();
+      with_tl.template operator()<1>();
     });
     QWENRT_CUDA_CHECK_LAUNCH();
   });

@@ -23,14 +23,23 @@ inline bool aligned(const void* p, int64_t a) {
 // The activations of a pass: row r's int8 values at q + r * in, scales at d + r * in / 32, block
 // sums d * sum(q) at s + r * in / 32, and the fp32 row at x + r * in (float weights use x;
 // quantised ones q, d and s; prepare_acts pads q, d and s with zero rows to a multiple of 8).
+// Where asked (prepare_acts' `tiles`, `in` a multiple of 256), the same values also in the
+// tensor-core GEMV's tile order (tq, td, ts; mma_quant.cuh, ActTiles): per 8-row n-tile and
+// superblock, the int8 values every lane of a warp loads for it are one contiguous run, and so
+// are their scales and block sums.
 struct Acts {
   const int8_t* q;
   const float* d;
   const float* x;
   int64_t in;
   const float* s = nullptr;
+  const int8_t* tq = nullptr;
+  const float* td = nullptr;
+  const float* ts = nullptr;
 };
 __host__ __device__ inline Acts shift_rows(Acts a, int64_t rows) {
+  a.tq = nullptr;  // (the tile order has no row offsets)
+  a.td = a.ts = nullptr;
   a.q = a.q ? a.q + rows * a.in : nullptr;
   a.d = a.d ? a.d + rows * (a.in / qb::kActBlock) : nullptr;
   a.s = a.s ? a.s + rows * (a.in / qb::kActBlock) : nullptr;
@@ -98,9 +107,10 @@ bool is_quantised(DType t);
 
 // ---- act_quant.cu ---------------------------------------------------------------------------
 // Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
-// reads.
+// reads; with `tiles` (and in % 256 == 0) also in the tensor-core GEMV's tile order, unless
+// QWENRT_CUDA_MMA_TILED=0 (read per call).
 Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* workspace,
-                  cudaStream_t stream);
+                  cudaStream_t stream, bool tiles = false);
 // Workspace bytes prepare_acts needs for `rows` rows of `in`.
 int64_t quant_act_bytes(int64_t rows, int64_t in);
 

@@ -133,6 +133,21 @@ __device__ __forceinline__ void apply(const FragK16& f, const ActLane& al, int64
   }
 }
 
+// The activations in the tile order (Acts::tq, td, ts; act_quant.cu): lane (g, t)'s values of a
+// superblock are four 16-byte runs 512 bytes apart (blocks 2 jp and 2 jp + 1, elements
+// 8t..8t+7 of each), and the scales of activation rows 2t and 2t + 1 are 16 consecutive floats:
+// a warp's loads are contiguous, where the row-major form has each load touch 8 rows' cache lines.
+struct ActTiles {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  int64_t n_sb;  // superblocks a row
+  int g, t;
+};
+__device__ __forceinline__ ActTiles act_tiles(const Acts& a, int g, int t) {
+  return {a.tq, a.td, a.ts, a.in / kSuperElems, g, t};
+}
+
 // One superblock's activation fragments for NT n-tiles, loaded once and applied to several weight
 // tiles (gemv_mma.cu's blocks of 16 MT rows): the same values apply() above reads per tile.
 template <int NT, bool MIN>
@@ -151,6 +166,27 @@ struct ActK32 {
       if constexpr (MIN) {
         load8f(al.s + ds, xs0[nt]);
         load8f(al.s + ds + al.nb, xs1[nt]);
+      }
+    }
+  }
+  // The same values from the tile order.
+  __device__ __forceinline__ void load(const ActTiles& at, int64_t sb) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int64_t tile = nt * at.n_sb + sb;
+      const int8_t* p = at.q + tile * 2048 + at.g * 64 + at.t * 16;
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        const int4 v = *reinterpret_cast<const int4*>(p + 512 * jp);
+        q[nt][2 * jp] = uint2{uint32_t(v.x), uint32_t(v.y)};
+        q[nt][2 * jp + 1] = uint2{uint32_t(v.z), uint32_t(v.w)};
+      }
+      const int64_t ds = tile * 64 + 16 * at.t;
+      load8f(at.d + ds, xd0[nt]);
+      load8f(at.d + ds + 8, xd1[nt]);
+      if constexpr (MIN) {
+        load8f(at.s + ds, xs0[nt]);
+        load8f(at.s + ds + 8, xs1[nt]);
       }
     }
   }
@@ -205,6 +241,7 @@ struct MmaK4 {
   static constexpr bool kMin = true;  // the min term (block sums of the activations)
   // decode() + ActK32: several weight tiles per activation load (gemv_mma.cu's two m-tiles).
   static constexpr bool kCached = true;
+  static constexpr bool kK32 = true;  // decode() gives k32 fragments (tile-ordered activations)
   template <int NT>
   static __device__ __forceinline__ void compute(const Raw& r, int64_t sb, int t, const ActLane& al,
                                                  float (&acc)[NT][4]) {
@@ -265,6 +302,8 @@ struct MmaQ80S {
   // 46.2%, 35B-A3B x8 decode 957.9 against 982.6 tok/s): its weight loads outweigh the activation
   // loads a second tile saves, and the registers cost a block an SM.
   static constexpr bool kCached = false;
+  static constexpr bool kK32 = true;
+  static constexpr bool kMin = false;
   template <int NT>
   static __device__ __forceinline__ void compute(const Raw& r, int64_t sb, int t, const ActLane& al,
                                                  float (&acc)[NT][4]) {
@@ -298,6 +337,8 @@ struct MmaQ80S {
 struct MmaQ6K {
   static constexpr int kBytes = 210;
   static constexpr bool kCached = false;  // (k16 steps: one weight tile per activation load)
+  static constexpr bool kK32 = false;     // (its k16 steps read the row-major activations)
+  static constexpr bool kMin = false;
   struct Raw {
     uint32_t ql0[8], ql1[8], qh0[4], qh1[4], sc0[4], sc1[4];
     uint16_t d0, d1;
