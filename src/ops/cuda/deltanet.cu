@@ -34,6 +34,11 @@ __device__ __forceinline__ float silu(float x) {
   return x / (1.0f + expf(-x));
 }
 
+// The output gate of the gated norm: silu(z), or sigmoid(z) for qwen4exp (DeltaNetArgs).
+__device__ __forceinline__ float output_gate(float z, bool sigmoid_gate) {
+  return (sigmoid_gate ? 1.0f : z) / (1.0f + expf(-z));
+}
+
 // ---- 1. conv1d + SiLU ----
 // Thread = channel, block = 128 channels x a tile of kConvRows consecutive rows (the rows of any
 // spans: a tile of decode rows covers up to 16 spans, a prefill span covers many tiles). The grid
@@ -133,7 +138,8 @@ __global__ void __launch_bounds__(kConvThreads, 4)  // 4: ptxas spills at its ow
 //        o = S_new^T q^ / sqrt(D) = (exp(g) S^T q^ + d (k^.q^)) / sqrt(D)
 //      (the last form reads the old state, so one reduction serves both products; it is the
 //      reference's o = S^T q after the update, up to fp32 rounding), and p = 0 sums o^2 per warp.
-//   D. p = 0 threads write out_j = o_j / rms(o) * norm_j * silu(z_j).
+//   D. p = 0 threads write out_j = o_j / rms(o) * norm_j * silu(z_j) (sigmoid(z_j) with
+//      sigmoid_gate).
 // Three __syncthreads per token; the shared buffers of phases A-C are not reused before the
 // barrier that follows their last read (see the comments at each barrier).
 //
@@ -162,6 +168,7 @@ struct DeltaParams {
   int64_t C;
   int n_k_heads, n_v_heads, head_dim;
   float eps;
+  bool sigmoid_gate;  // qwen4exp: sigmoid(z), not silu(z)
 };
 
 template <int kR>
@@ -311,7 +318,8 @@ __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD
       float oo = 0;
       for (int w = 0; w < D / 32; ++w) oo += s_o2[w];
       const float inv_rms = 1.0f / sqrtf(oo / D + prm.eps);
-      prm.out[row * nv + int64_t{h} * D + j] = silu(z) * (o * inv_rms * prm.norm[j]);
+      prm.out[row * nv + int64_t{h} * D + j] =
+          output_gate(z, prm.sigmoid_gate) * (o * inv_rms * prm.norm[j]);
     }
   }
 
@@ -430,8 +438,8 @@ __global__ void __launch_bounds__(kMaxD) delta_rule_any_d_kernel(const DeltaPara
     const float oo = block_sum(o * o);
     const float inv = static_cast<float>(1.0 / sqrt(double(oo) / D + prm.eps));
     const float zz = prm.z[row * nv + int64_t{h} * D + j];
-    const float silu = zz / (1.0f + expf(-zz));
-    prm.out[row * nv + int64_t{h} * D + j] = o * inv * prm.norm[j] * silu;
+    prm.out[row * nv + int64_t{h} * D + j] =
+        o * inv * prm.norm[j] * output_gate(zz, prm.sigmoid_gate);
     __syncthreads();
   }
 }
@@ -542,7 +550,8 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
                         .n_k_heads = Hk,
                         .n_v_heads = Hv,
                         .head_dim = D,
-                        .eps = args.eps};
+                        .eps = args.eps,
+                        .sigmoid_gate = args.sigmoid_gate};
   if (D % 32 != 0) {
     const dim3 grid(static_cast<unsigned>(Hv), static_cast<unsigned>(step.n_spans));
     delta_rule_any_d_kernel<<<grid, D, 0, stream>>>(prm);

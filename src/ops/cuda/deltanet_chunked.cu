@@ -327,8 +327,8 @@ __global__ void __launch_bounds__(kThreads) chunk_output_kernel(const ChunkParam
     for (int tile = 0; tile < kD / kCols; ++tile) {
       const int j = tile * kCols + tx;
       const float z = p.z[row * nv + int64_t{h} * kD + j];
-      const float silu = z / (1.0f + expf(-z));
-      p.out[row * nv + int64_t{h} * kD + j] = silu * (o[tile][i] * inv_rms * p.norm[j]);
+      p.out[row * nv + int64_t{h} * kD + j] =
+          chunked::output_gate(z, p.sigmoid_gate) * (o[tile][i] * inv_rms * p.norm[j]);
     }
   }
 }
@@ -448,7 +448,8 @@ void deltanet_chunked(const DeviceStep& step, const DeltaNetArgs& args, const fl
                         .C = C,
                         .Hk = args.n_k_heads,
                         .Hv = args.n_v_heads,
-                        .eps = args.eps};
+                        .eps = args.eps,
+                        .sigmoid_gate = args.sigmoid_gate};
   const bool tc = chunked_tensor_cores();
   if (args.head_dim == 64) {
     tc ? launch<64, true>(step, prm, stream) : launch<64, false>(step, prm, stream);

@@ -34,7 +34,13 @@ struct ChunkParams {
   int64_t C;
   int Hk, Hv;
   float eps;
+  bool sigmoid_gate;  // qwen4exp: the output gate is sigmoid(z), not silu(z)
 };
+
+// The gated norm's output gate: silu(z), or sigmoid(z) with sigmoid_gate.
+__device__ __forceinline__ float output_gate(float z, bool sigmoid_gate) {
+  return (sigmoid_gate ? 1.0f : z) / (1.0f + expf(-z));
+}
 
 __device__ __forceinline__ int chunks_of(const Span& s) {
   return (s.count + kL - 1) / kL;

@@ -313,8 +313,7 @@ __global__ void __launch_bounds__(kThreads) chunk_output_tc_kernel(const ChunkPa
       for (int e = 0; e < 2; ++e) {
         const int j = c_col(n0 + 8 * nt, e);
         const float z = p.z[at + j];
-        const float silu = z / (1.0f + expf(-z));
-        p.out[at + j] = silu * (o[nt][2 * hi + e] * inv_rms * p.norm[j]);
+        p.out[at + j] = output_gate(z, p.sigmoid_gate) * (o[nt][2 * hi + e] * inv_rms * p.norm[j]);
       }
     }
   }
