@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -110,6 +112,7 @@ class CudaOps final : public Ops {
     }
     QWENRT_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_));
     buffers_.push_back(p);
+    buffer_bytes_[p] = bytes;
     return p;
   }
   void free_buffer(void* buffer) override {
@@ -118,19 +121,24 @@ class CudaOps final : public Ops {
     auto it = std::find(buffers_.begin(), buffers_.end(), buffer);
     if (it == buffers_.end()) fail("cuda backend: free_buffer of memory it did not allocate");
     buffers_.erase(it);
+    buffer_bytes_.erase(buffer);
+    std::erase_if(ple_shadows_, [&](const PleShadow& sh) { return sh.dev == buffer; });
     QWENRT_CUDA_CHECK(cudaFree(buffer));
   }
   void copy(void* dst, const void* src, int64_t bytes) override {
+    touch_ple_tokens(dst, bytes);
     if (skip()) return;
     QWENRT_CUDA_CHECK(
         cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_));
   }
   void fill_zero(void* dst, int64_t bytes) override {
+    touch_ple_tokens(dst, bytes);
     if (skip()) return;
     QWENRT_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), stream_));
   }
   void upload(const float* host, float* dst, int64_t n) override {
     end_capture("upload");
+    touch_ple_tokens(dst, n * 4);
     QWENRT_CUDA_CHECK(
         cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
     QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host array may go away
@@ -206,6 +214,15 @@ class CudaOps final : public Ops {
     mode_ = Mode::kEager;
     QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the staging buffer is free again
     host_step_ = layout;
+    // The stream is idle: the PLE token state written since the last step is read back here,
+    // before a capture may begin.
+    for (PleShadow& sh : ple_shadows_) {
+      if (sh.stale) read_ple_tokens(sh);
+    }
+    ple_calls_ = 0;
+    qsa_sparse_ = false;
+    for (const auto& [ratio, budget] : qsa_configs_)
+      qsa_sparse_ = qsa_sparse_ || drops_blocks(ratio, budget);
     upload_layout(layout);
     choose_mode(layout);
   }
@@ -394,6 +411,147 @@ class CudaOps final : public Ops {
       QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
       cuda::moe_combine(routed, sout, shared_scale, out, n, dim, stream_);
     }
+  }
+
+  // ---- qwen4exp ----
+  void rmsnorm_grouped(const float* x, const Weight& weight, float* out, int64_t rows, int groups,
+                       int64_t dim, float eps) override {
+    if (weight.view.n_elements() != groups * dim) {
+      fail("rmsnorm_grouped: tensor '{}' has {} elements, expected {} groups x {}", weight.name,
+           weight.view.n_elements(), groups, dim);
+    }
+    if (skip()) return;
+    Scope s(this, kNorm);
+    cuda::rmsnorm_grouped(x, ref::f32_data(weight), out, rows, groups, dim, eps, stream_);
+  }
+  void silu_scaled(const float* x, float scale, float* out, int64_t n) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::silu_scaled(x, scale, out, n, stream_);
+  }
+  void hc_mix(const float* xn, const float* gate, float* out, int64_t n, int hc,
+              int64_t dim) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::hc_mix(xn, gate, out, n, hc, dim, stream_);
+  }
+  void hc_inject(float* streams, const float* block, const float* inject, int64_t n, int hc,
+                 int64_t dim) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::hc_inject(streams, block, inject, n, hc, dim, stream_);
+  }
+  void ple_gate(const float* key, const float* query, const float* value, float* out, int64_t n,
+                int hc, int64_t dim) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::ple_gate(key, query, value, out, n, hc, dim, stream_);
+  }
+  void ple_conv(const PleConvArgs& a) override {
+    if (skip()) return;
+    Scope s(this, kElementwise);
+    cuda::ple_conv(dstep_, a, stream_);
+  }
+
+  // The PLE n-gram rows: the table stays in the mapped file (tens of GB in the released model;
+  // for_each_weight does not place it), so the host hashes each row's context (the slot's
+  // remembered tokens, mirrored on the host: PleShadow) with ref's code, dequantises the rows into
+  // a pinned buffer and uploads them; a kernel writes the slots' new remembered tokens. During a
+  // replayed step the host still fills the pinned buffer (the graph's copies read it when the
+  // graph runs, at sample), so decode steps stay capturable.
+  void ple_embed(const PleEmbedArgs& a) override {
+    const StepLayout& step = host_step_;
+    const int ctx_len = a.ngram - 1, hr = a.state.history_rows;
+    const int64_t heads = int64_t{ctx_len} * a.heads_per_ngram, head_dim = a.table.view.ne[0];
+    if (!a.state.ple_tokens) fail("ple_embed: the layer has no PLE token state");
+    if (step.keep_states && (hr < 1 || !a.state.ple_tokens_history))
+      fail("ple_embed: a span keeps its states but the layer has no PLE token history");
+    check_host_table(a.table);
+    const bool keep = step.keep_states;
+    const int64_t rows_bytes = round_up(step.n * heads * head_dim * 4, 256);
+    const int64_t tokens_bytes = round_up(int64_t{step.n_spans} * ctx_len * 4, 256);
+    const int64_t history_bytes =
+        keep ? round_up(int64_t{step.n_spans} * hr * ctx_len * 4, 256) : 0;
+    float* staged = alloc((tokens_bytes + history_bytes) / 4);  // device: tokens, then history
+    PleShadow& shadow = ple_shadow(a.state.ple_tokens, ctx_len);
+    uint8_t* stage = ple_stage(rows_bytes + tokens_bytes + history_bytes);
+    const bool replay = skip();
+    // The rows and the slots' new tokens on the host (shadow.host is updated in place).
+    const int64_t n_slots = shadow.floats / ctx_len;
+    std::vector<float> history(keep ? static_cast<size_t>(n_slots * hr * ctx_len) : 0);
+    const RecurrentLayer host_state{.history_rows = hr,
+                                    .ple_tokens = shadow.host.data(),
+                                    .ple_tokens_history = keep ? history.data() : nullptr};
+    const PleEmbedArgs host{.table = a.table,
+                            .ngram = a.ngram,
+                            .heads_per_ngram = a.heads_per_ngram,
+                            .eos = a.eos,
+                            .multipliers = a.multipliers,
+                            .offsets = a.offsets,
+                            .vocab = a.vocab,
+                            .state = host_state,
+                            .out = reinterpret_cast<float*>(stage)};
+    for (int s = 0; s < step.n_spans; ++s) {
+      if (step.spans[s].slot < 0 || step.spans[s].slot >= n_slots)
+        fail("ple_embed: slot {} outside the {} slots of the PLE token state", step.spans[s].slot,
+             n_slots);
+    }
+    ref::ple_embed_spans(step, host);
+    auto* tokens = reinterpret_cast<float*>(stage + rows_bytes);
+    auto* hist = reinterpret_cast<float*>(stage + rows_bytes + tokens_bytes);
+    for (int s = 0; s < step.n_spans; ++s) {
+      const int64_t slot = step.spans[s].slot;
+      std::memcpy(tokens + int64_t{s} * ctx_len, shadow.host.data() + slot * ctx_len,
+                  static_cast<size_t>(ctx_len) * 4);
+      if (keep) {
+        std::memcpy(hist + int64_t{s} * hr * ctx_len, history.data() + slot * hr * ctx_len,
+                    static_cast<size_t>(hr) * ctx_len * 4);
+      }
+    }
+    if (replay) return;
+    Scope s(this, kEmbed);
+    if (step.n > 0) {
+      QWENRT_CUDA_CHECK(cudaMemcpyAsync(a.out, stage,
+                                        static_cast<size_t>(step.n * heads * head_dim * 4),
+                                        cudaMemcpyHostToDevice, stream_));
+    }
+    QWENRT_CUDA_CHECK(cudaMemcpyAsync(staged, stage + rows_bytes,
+                                      static_cast<size_t>(tokens_bytes + history_bytes),
+                                      cudaMemcpyHostToDevice, stream_));
+    cuda::ple_tokens_update(dstep_, staged, keep ? staged + tokens_bytes / 4 : nullptr, a.state,
+                            ctx_len, stream_);
+  }
+
+  // While no query of the step sees more complete blocks than the budget keeps (for every QSA
+  // layer seen: qsa_sparse_, part of the graph key), QSA is dense causal attention: the raw
+  // indexer keys into their pages, then attention.cu's kernels where they take the head size.
+  // Otherwise qsa.cu's selection and attention.
+  void qsa_attention(const QsaArgs& a) override {
+    cuda::DeviceStep step = dstep_;
+    step.max_tokens = dstep_.page_table_stride * a.attn.kv.page_size;
+    if (qsa_configs_.insert({a.ratio, a.budget}).second && a.ratio > 0 &&
+        drops_blocks(a.ratio, a.budget) && !qsa_sparse_) {
+      if (mode_ != Mode::kEager)
+        fail("cuda backend: a QSA layer first seen inside a captured step");
+      qsa_sparse_ = true;
+    }
+    const bool dense = !qsa_sparse_ && ops::cuda_unsupported(a.attn.head_dim, 1).empty();
+    const int64_t ws = dense ? cuda::attention_workspace_bytes(step, a.attn.n_head, a.attn.head_dim)
+                             : cuda::qsa_workspace_bytes(step, a);
+    if (skip(ws)) return;
+    Scope s(this, kAttention);
+    if (dense) {
+      cuda::qsa_write_index_keys(step, a, stream_);
+      cuda::attention(step, a.attn, ws_, stream_);
+      return;
+    }
+    cuda::qsa_attention(step, a, ws_, stream_);
+  }
+
+  void stream_experts(const ExpertStreaming&) override {
+    fail(
+        "the cuda backend does not stream routed experts from the file (it holds every weight in "
+        "device memory): drop --expert-cache, or use --backend cpu to stream them");
   }
 
   // ---- The end of a step ----
@@ -593,18 +751,22 @@ class CudaOps final : public Ops {
   }
 
   uint64_t generation() const {
-    return ((arena_.generation() * 1000003u + scratch_.generation()) * 1000003u +
-            side_scratch_.generation()) *
+    return (((arena_.generation() * 1000003u + scratch_.generation()) * 1000003u +
+             side_scratch_.generation()) *
+                1000003u +
+            layout_generation_) *
                1000003u +
-           layout_generation_;
+           ple_stage_generation_;
   }
 
   void choose_mode(const StepLayout& l) {
     mode_ = Mode::kEager;
     if (!graphs_enabled_ || !l.ends_in_sample || l.n > kMaxGraphRows) return;
-    // The last element: the DeltaNet mode and whether the step keeps states (a launch more).
+    // The last element: the DeltaNet mode, whether the step keeps states (a launch more) and
+    // whether QSA layers drop blocks (other kernels than dense attention).
     const GraphKey key{l.n, l.n_spans, l.n_output_rows, dstep_.max_span_count,
-                       static_cast<int>(l.deltanet_mode) * 2 + (l.keep_states ? 1 : 0)};
+                       (static_cast<int>(l.deltanet_mode) * 2 + (l.keep_states ? 1 : 0)) * 2 +
+                           (qsa_sparse_ ? 1 : 0)};
     auto it = graphs_.find(key);
     if (it != graphs_.end() && it->second.generation == generation()) {
       mode_ = Mode::kReplay;
@@ -622,6 +784,86 @@ class CudaOps final : public Ops {
     capture_generation_ = generation();
     op_count_ = 0;
     QWENRT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  }
+
+  // ---- qwen4exp state ----
+  // A host mirror of one layer's ple_tokens buffer [n_slots, ngram - 1] (ple_embed hashes from
+  // it). ple_embed updates both copies alike; any other write into the buffer (copy, fill_zero,
+  // upload: snapshots, restores, resets) marks it stale, and it is read back at the next
+  // begin_step, where the stream is idle anyway.
+  struct PleShadow {
+    float* dev = nullptr;
+    int64_t floats = 0;
+    std::vector<float> host;
+    bool stale = true;
+  };
+  void touch_ple_tokens(const void* dst, int64_t bytes) {
+    const auto* p = static_cast<const uint8_t*>(dst);
+    for (PleShadow& sh : ple_shadows_) {
+      const auto* begin = reinterpret_cast<const uint8_t*>(sh.dev);
+      if (p < begin + sh.floats * 4 && begin < p + bytes) sh.stale = true;
+    }
+  }
+  void read_ple_tokens(PleShadow& sh) {
+    if (mode_ == Mode::kReplay)
+      fail("cuda backend: the PLE token state changed inside a replayed step");
+    // Inside a capture the graph so far runs and the step goes on eagerly (never captured again).
+    if (mode_ == Mode::kCapture) end_capture("a read of the PLE token state");
+    sh.host.resize(static_cast<size_t>(sh.floats));
+    QWENRT_CUDA_CHECK(cudaMemcpyAsync(sh.host.data(), sh.dev, static_cast<size_t>(sh.floats) * 4,
+                                      cudaMemcpyDeviceToHost, stream_));
+    QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sh.stale = false;
+  }
+  PleShadow& ple_shadow(float* dev, int ctx_len) {
+    for (PleShadow& sh : ple_shadows_) {
+      if (sh.dev != dev) continue;
+      if (sh.stale) read_ple_tokens(sh);
+      return sh;
+    }
+    auto it = buffer_bytes_.find(dev);
+    if (it == buffer_bytes_.end() || it->second % (int64_t{ctx_len} * 4) != 0)
+      fail("cuda backend: ple_embed's token state must be a whole alloc_buffer of [n_slots, {}]",
+           ctx_len);
+    ple_shadows_.push_back({.dev = dev, .floats = it->second / 4});
+    read_ple_tokens(ple_shadows_.back());
+    return ple_shadows_.back();
+  }
+  // The pinned buffer of the step's i-th ple_embed call (one per call, so a later call never
+  // overwrites what an earlier copy still reads). Growing it moves it: the generation changes.
+  uint8_t* ple_stage(int64_t bytes) {
+    const size_t i = static_cast<size_t>(ple_calls_++);
+    if (i >= ple_stages_.size()) ple_stages_.push_back({std::make_unique<PinnedBuffer>(), 0});
+    auto& [buffer, capacity] = ple_stages_[i];
+    if (bytes > capacity) {
+      if (mode_ != Mode::kEager)
+        fail("cuda backend: the PLE staging buffer grew inside a captured step");
+      QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // no copy still reads the old one
+      capacity = bytes;
+      ++ple_stage_generation_;
+    }
+    return buffer->get(bytes);
+  }
+  // The PLE table is read on the host: it must be the mapped file's bytes, not a placed copy.
+  void check_host_table(const Weight& table) {
+    if (table.view.data == checked_table_) return;
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, table.view.data) == cudaSuccess &&
+        attr.type == cudaMemoryTypeDevice) {
+      fail("ple_embed: tensor '{}' is in device memory; the cuda backend reads it on the host",
+           table.name);
+    }
+    cudaGetLastError();
+    checked_table_ = table.view.data;
+  }
+  // Whether some span of the step holds more complete blocks of `ratio` than `budget` keeps.
+  bool drops_blocks(int ratio, int budget) const {
+    if (ratio <= 0) return false;
+    for (int s = 0; s < host_step_.n_spans; ++s) {
+      const Span& sp = host_step_.spans[s];
+      if ((int64_t{sp.n_past} + sp.count) / ratio > budget / ratio) return true;
+    }
+    return false;
   }
 
   // Every op starts here: true means the op is part of a graph that replays, so it only counts
@@ -710,6 +952,18 @@ class CudaOps final : public Ops {
   uint64_t layout_generation_ = 0;
   PinnedBuffer sample_stage_, sample_out_host_;
   DeviceBuffer sample_dev_, sample_out_dev_;
+
+  // qwen4exp: the PLE token mirrors, ple_embed's pinned staging (per call of a step), the
+  // buffers' sizes (to size a mirror), the (ratio, budget) of every QSA layer seen, and whether
+  // one of them drops blocks in this step.
+  std::vector<PleShadow> ple_shadows_;
+  std::vector<std::pair<std::unique_ptr<PinnedBuffer>, int64_t>> ple_stages_;
+  int ple_calls_ = 0;
+  uint64_t ple_stage_generation_ = 0;
+  std::map<const void*, int64_t> buffer_bytes_;
+  const void* checked_table_ = nullptr;
+  std::set<std::pair<int, int>> qsa_configs_;
+  bool qsa_sparse_ = false;
 
   bool graphs_enabled_ = true;
   // MoE steps of at least this many rows run the routed experts as grouped GEMMs

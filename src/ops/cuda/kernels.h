@@ -204,6 +204,45 @@ void moe_combine_pairs(const float* pairs, const float* weights, int k, const fl
 void moe_combine(const float* routed, const float* shared, const float* shared_scale, float* out,
                  int64_t n, int64_t dim, cudaStream_t stream);
 
+// ---- qwen4exp's own ops (qwen4exp.cu) ----
+// ref::rmsnorm_grouped: out [rows, groups * dim] = per group g rmsnorm(x[r, g, :]) * weight[g, :]
+// (weight [groups, dim] F32 on the device). out may be x.
+void rmsnorm_grouped(const float* x, const float* weight, float* out, int64_t rows, int groups,
+                     int64_t dim, float eps, cudaStream_t stream);
+// ref::silu_scaled: out = silu(scale x), n floats (out may be x).
+void silu_scaled(const float* x, float scale, float* out, int64_t n, cudaStream_t stream);
+// ref::hc_mix: out [n, dim] = mean over s < hc of sigmoid(gate[r, s, :]) xn[r, s, :].
+void hc_mix(const float* xn, const float* gate, float* out, int64_t n, int hc, int64_t dim,
+            cudaStream_t stream);
+// ref::hc_inject: streams [n, hc, dim] += block [n, dim] * 2 sigmoid(inject [n, hc] / hc).
+void hc_inject(float* streams, const float* block, const float* inject, int64_t n, int hc,
+               int64_t dim, cudaStream_t stream);
+// ref::ple_gate: out [n, hc, dim] = sigmoid(signed sqrt(key . query / sqrt(dim))) value [n, dim].
+void ple_gate(const float* key, const float* query, const float* value, float* out, int64_t n,
+              int hc, int64_t dim, cudaStream_t stream);
+// ref::ple_conv_spans for every span: the dilated causal depthwise conv + SiLU over each slot's
+// ple_conv history and the span's rows, then the history (and, for keep_states spans, the
+// history after each row) updated. The kernel tensor [K, C] is F32, F16 or BF16 on the device.
+void ple_conv(const DeviceStep& step, const PleConvArgs& args, cudaStream_t stream);
+// The device half of Ops::ple_embed (its rows are read and uploaded by the host): each span's
+// slot's ple_tokens = staged_tokens [n_spans, ctx_len]; with staged_history [n_spans,
+// history_rows, ctx_len] (not null) also the ple_tokens_history rows of keep_states spans.
+void ple_tokens_update(const DeviceStep& step, const float* staged_tokens,
+                       const float* staged_history, const RecurrentLayer& state, int ctx_len,
+                       cudaStream_t stream);
+
+// ---- Qwen Sparse Attention (qsa.cu) ----
+// ref::qsa_attention_spans for every span of the step (step.max_tokens: the slot capacity in
+// tokens): k, v and the raw indexer keys into the pages, the pooled block keys, each query's
+// block selection and its attention over the kept positions; any head_dim and index_dim up to
+// 256. Queries that keep every key (n_kv / ratio <= budget / ratio) attend causally to all.
+int64_t qsa_workspace_bytes(const DeviceStep& step, const QsaArgs& args);
+void qsa_attention(const DeviceStep& step, const QsaArgs& args, void* workspace,
+                   cudaStream_t stream);
+// Only the raw indexer keys of the step's rows into their pages: the dense path's part of QSA
+// besides attention() (which appends k and v itself).
+void qsa_write_index_keys(const DeviceStep& step, const QsaArgs& args, cudaStream_t stream);
+
 // ---- Sampling (sampling.cu) ----
 // One output row's settings on the device (SamplingRow with its arrays packed into the step's
 // bias / history buffers).
