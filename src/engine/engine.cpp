@@ -138,9 +138,7 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   if (backend == "auto") {
     backend = "cpu";
     if (ops::cuda_available()) {
-      const std::string why = config_.is_qwen4exp()
-                                  ? std::string("qwen4exp blocks (hyper-connections, QSA, PLE)")
-                                  : ops::cuda_unsupported(config_.head_dim, config_.ssm_head_dim);
+      const std::string why = ops::cuda_unsupported(config_.head_dim, config_.ssm_head_dim);
       if (why.empty()) {
         backend = "cuda";
       } else {
@@ -155,14 +153,15 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   } else if (backend == "cpu") {
     ops_ = ops::make_cpu_ops(options.n_threads);
   } else if (backend == "cuda") {
-    if (config_.is_qwen4exp()) {
-      fail(
-          "the cuda backend does not run qwen4exp yet (its hyper-connection, QSA and PLE ops have "
-          "no CUDA kernels): use --backend cpu");
-    }
     ops_ = ops::make_cuda_ops();
   } else {
     fail("unknown backend '{}' (available: auto, cuda, cpu, ref)", options.backend);
+  }
+  const bool on_cuda = std::string(ops_->name()) == "cuda";
+  if (on_cuda && config_.is_moe() && options.expert_cache_bytes > 0) {
+    // The cuda backend streams nothing: its error, before the weights are uploaded.
+    ops_->stream_experts(
+        {.files = {}, .budget_bytes = options.expert_cache_bytes, .slot_bytes = 0, .min_slots = 0});
   }
   if (ops_->copies_weights()) {
     uint64_t total = 0;
@@ -170,6 +169,14 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     ops_->set_place_progress(options.on_load_progress, total);
   }
   model_ = arch::make_model(file_, config_, *ops_);
+  if (config_.is_moe() && on_cuda) {
+    // Streaming routed experts from the file is the cpu backend's (an explicit --expert-cache
+    // fails in setup_expert_streaming); qwen4exp's PLE table alone stays in the mapped file.
+    log(LogLevel::kInfo,
+        "cuda: every weight is resident in device memory, no routed expert is streamed from the "
+        "file{}",
+        config_.is_qwen4exp() ? " (the PLE n-gram rows are read from it on the host)" : "");
+  }
   setup_expert_streaming(options);
   if (options.prefault && !ops_->copies_weights()) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
