@@ -51,19 +51,9 @@ using mmaq::kSuperElems;
 // TL: the activations are read in the tile order (Acts::tq; types with k32 fragments): a warp's
 // activation loads are contiguous runs instead of 8 rows' cache lines each. The values and the
 // order of the sums are those of the row-major reads.
-// Asks the L2 for `bytes` (a multiple of 16, 16-byte aligned) at p; sm_90 and later.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// pf > 0: warp 0 asks the L2 for the block's weights pf iterations of the superblock loop ahead
-// (one bulk prefetch a row: the block's warps take consecutive superblocks), so a warp's loads
-// find them there; types whose superblocks are whole 16-byte runs only.
 template <class T, int NT, int NM, int MT, bool TL>
 __global__ void __launch_bounds__(kMaxWarps * 32)
-    mma_gemv_kernel(const __grid_constant__ Group g, int n, Acts a, int pf) {
+    mma_gemv_kernel(const __grid_constant__ Group g, int n, Acts a) {
   pdl_launch_dependents();
   extern __shared__ float red[];  // NM * MT * NT * 4 * 32 floats per warp
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -89,21 +79,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       w0[mt] = w.data + min(row0 + kTileRows * mt + gq, out - 1) * w.row_bytes;
       w1[mt] = w.data + min(row0 + kTileRows * mt + gq + 8, out - 1) * w.row_bytes;
     }
-    // The block's superblocks first .. first + warps - 1 of every row, into the L2.
-    auto prefetch = [&](int64_t first) {
-      if constexpr (T::kBytes % 16 == 0) {
-        if (first >= n_sb) return;
-        const auto bytes = static_cast<uint32_t>(min(int64_t{warps}, n_sb - first) * T::kBytes);
-        for (int r = lane; r < kTileRows * MT; r += 32)
-          prefetch_l2(w.data + min(row0 + r, out - 1) * w.row_bytes + first * T::kBytes, bytes);
-      }
-    };
-    if (warp == 0)
-      for (int i = 1; i < pf; ++i) prefetch(int64_t{i} * warps);
     // (Loading the next superblock before computing this one measured slower: 515 -> 478 tok/s
     // on the 27B at 8 rows; the registers cost more warps than the loads in flight gain.)
     for (int64_t sb = warp; sb < n_sb; sb += warps) {
-      if (pf > 0 && warp == 0) prefetch(sb + int64_t{pf} * warps);
       if constexpr (MT == 1 && !TL) {
         const typename T::Raw r = T::load(w0[0] + sb * T::kBytes, w1[0] + sb * T::kBytes, t);
         T::template compute<NT>(r, sb, t, al, acc[m][0]);
@@ -217,12 +195,6 @@ int two_m_tiles() {
   return v && v[0] == '1' ? 0 : v && v[0] == '2' ? 2 : 1;
 }
 
-// Iterations of the superblock loop the L2 prefetch runs ahead (QWENRT_CUDA_MMA_PREFETCH; 0:
-// none). Read per call.
-int prefetch_depth() {
-  return std::clamp(env_int("QWENRT_CUDA_MMA_PREFETCH", 0), 0, 8);
-}
-
 bool mma_fits(const MatArg& m, const Acts& a) {
   if (!mma_type_ok(m) || m.n_expert != 1 || a.in % kSuperElems != 0 || a.s == nullptr) return false;
   const int64_t need = m.dtype == DType::Q6_K ? 2 : 16;
@@ -243,8 +215,8 @@ bool launch_mma(Group g, int64_t n, const Acts& a, cudaStream_t stream) {
         const int warps = warps_for(a.in / kSuperElems, NM, MT, NT);
         const size_t smem = size_t{NM} * MT * NT * 4 * 32 * 4 * warps;
         mma_gemv_kernel<T, NT, NM, MT, TL>
-            <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(g, static_cast<int>(n), a,
-                                                                          prefetch_depth());
+            <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(g, static_cast<int>(n),
+                                                                          a);
       };
       auto with_tl = [&]<int MT>() {
         if constexpr (T::kK32) {
