@@ -580,8 +580,9 @@ const std::string& dense_file() {
 }
 
 // The whole prompt in one step on cuda against the reference backend, with QSA dropping blocks
-// (budget 8) and keeping every key. The cuda matmuls quantise activations to int8 (as the cpu
-// backend's, held to 3e-2 against transformers in test_qwen4exp.cpp): the same tolerance, and
+// (budget 8) and keeping every key. The cuda matmuls quantise activations to int8 (decode rows)
+// or round them to bf16 (prefill GEMMs); the cpu backend's int8 activations measured 2.2e-2
+// against transformers on this fixture (test_qwen4exp.cpp). Not yet measured on a GPU: 5e-2, and
 // top-1 on all but two rows (a near tie of logits or of a block selection).
 TEST(CudaQwen4exp, FixtureMatchesTheReferenceBackend) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
@@ -593,14 +594,15 @@ TEST(CudaQwen4exp, FixtureMatchesTheReferenceBackend) {
     const Agreement a = compare(got, want);
     fmt::print("[cuda qwen4exp] {}: worst rel L2 {:.2e}, top-1 {}/{}\n",
                file == kFile ? "budget 8" : "dense", a.worst, a.top1, a.n);
-    EXPECT_LT(a.worst, 3e-2) << file;
+    EXPECT_LT(a.worst, 5e-2) << file;
     EXPECT_GE(a.top1, a.n - 2) << file;
   }
 }
 
 // Prefill N, then one token a step (the decode kernels, QSA over the pages written by earlier
 // steps, the PLE and DeltaNet state carried), equals one prefill of the whole prompt: the same
-// tolerance (prefill and decode rows take different matmul kernels: int8 GEMM against GEMV).
+// tolerance (prefill and decode rows take different matmul kernels: bf16 GEMM against int8
+// GEMV).
 TEST(CudaQwen4exp, PrefillThenDecodeEqualsOnePrefill) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const auto ids = fixture_prompt();
@@ -615,7 +617,7 @@ TEST(CudaQwen4exp, PrefillThenDecodeEqualsOnePrefill) {
     const Agreement a = compare(steps, one);
     fmt::print("[cuda qwen4exp] prefill {} + decode: worst rel L2 {:.2e}, top-1 {}/{}\n", n_prefill,
                a.worst, a.top1, a.n);
-    EXPECT_LT(a.worst, 3e-2) << "prefill " << n_prefill;
+    EXPECT_LT(a.worst, 5e-2) << "prefill " << n_prefill;
     EXPECT_GE(a.top1, a.n - 2) << "prefill " << n_prefill;
   }
 }

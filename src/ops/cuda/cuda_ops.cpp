@@ -836,8 +836,9 @@ class CudaOps final : public Ops {
     if (i >= ple_stages_.size()) ple_stages_.push_back({std::make_unique<PinnedBuffer>(), 0});
     auto& [buffer, capacity] = ple_stages_[i];
     if (bytes > capacity) {
-      if (mode_ != Mode::kEager)
-        fail("cuda backend: the PLE staging buffer grew inside a captured step");
+      if (mode_ == Mode::kReplay)
+        fail("cuda backend: the PLE staging buffer grew inside a replayed step");
+      if (mode_ == Mode::kCapture) end_capture("a growing PLE staging buffer");
       QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // no copy still reads the old one
       capacity = bytes;
       ++ple_stage_generation_;
