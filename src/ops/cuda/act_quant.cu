@@ -16,14 +16,18 @@ int64_t align256(int64_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-// The tile order (Acts::tq, mma_quant.cuh "ActTiles"), for rows padded to whole 8-row n-tiles
-// and in % 256 == 0: n-tile nt's superblock sb is 2048 int8 values at (nt * n_sb + sb) * 2048,
-// [block pair jp][row g][lane t][half h][8], holding elements 8t..8t+7 of block 2 jp + h of row
-// 8 nt + g (the k permutation of gemv_mma.cu: lane (g, t) takes one 16-byte run per block pair,
-// and a warp's load is 512 contiguous bytes); its scales and block sums are 64 floats at
-// (nt * n_sb + sb) * 64, [row g][block j].
+// The tile orders (Acts::tq, tq16, td, ts; mma_quant.cuh "ActTiles"), for rows padded to whole
+// 8-row n-tiles and in % 256 == 0. N-tile nt's superblock sb is 2048 int8 values at
+// (nt * n_sb + sb) * 2048 in each order, every lane (g, t) of a warp reading four 16-byte runs
+// 512 bytes apart (a warp's load is 512 contiguous bytes):
+// - k32 (Q4_K, Q5_K; gemv_mma.cu's k permutation): [block pair jp][row g][lane t][half h][8]
+//   holds elements 8t..8t+7 of block 2 jp + h of row 8 nt + g;
+// - k16 (Q6_K: the mma's own order in steps of 16): [step quad c][row g][lane t][step i % 4][4]
+//   holds elements 16 (i % 2) + 4t .. + 3 of block i / 2 for step i = 4c + i % 4.
+// Its scales and block sums are 64 floats at (nt * n_sb + sb) * 64, [row g][block j].
 struct Tiles {
   int8_t* q;
+  int8_t* q16;
   float* d;
   float* s;
   int64_t nb;  // blocks of 32 a row (0: no tiles)
@@ -53,8 +57,10 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks
   const int64_t row = blk / tl.nb, b = blk % tl.nb;
   const int64_t tile = (row / 8) * (tl.nb / 8) + b / 8;
   const int g = static_cast<int>(row % 8), j = static_cast<int>(b % 8);
-  tl.q[tile * 2048 + (j / 2) * 512 + g * 64 + (lane / 8) * 16 + (j % 2) * 8 + lane % 8] =
-      q[blk * 32 + lane];
+  const int8_t v = q[blk * 32 + lane];
+  tl.q[tile * 2048 + (j / 2) * 512 + g * 64 + (lane / 8) * 16 + (j % 2) * 8 + lane % 8] = v;
+  const int i = 2 * j + lane / 16;  // the k16 step
+  tl.q16[tile * 2048 + (i / 4) * 512 + g * 64 + (lane % 16 / 4) * 16 + (i % 4) * 4 + lane % 4] = v;
   if (lane == 0) {
     tl.d[tile * 64 + g * 8 + j] = d[blk];
     tl.s[tile * 64 + g * 8 + j] = s[blk];
@@ -70,7 +76,11 @@ struct QuantAct {
   float* s;
   Tiles tiles;
 };
+// Rows padded with zero rows to what the tensor-core GEMV reads: 1, 2, 4 or 8 whole 8-row n-tiles
+// (gemv_mma.cu's NT), whole n-tiles above.
 int64_t padded_rows(int64_t rows) {
+  for (int64_t r : {8, 16, 32, 64})
+    if (rows <= r) return r;
   return (rows + 7) / 8 * 8;
 }
 QuantAct quant_act_at(void* workspace, int64_t rows, int64_t in) {
@@ -83,7 +93,7 @@ QuantAct quant_act_at(void* workspace, int64_t rows, int64_t in) {
   return {base,
           at(values),
           at(values + scales),
-          {tq, at(2 * values + 2 * scales), at(2 * values + 3 * scales), 0}};
+          {tq, tq + values, at(3 * values + 2 * scales), at(3 * values + 3 * scales), 0}};
 }
 
 bool tiles_on() {
@@ -95,7 +105,7 @@ bool tiles_on() {
 
 int64_t quant_act_bytes(int64_t rows, int64_t in) {
   rows = padded_rows(rows);
-  return 2 * (align256(rows * in) + 2 * align256(rows * in / qb::kActBlock * 4));
+  return 3 * align256(rows * in) + 4 * align256(rows * in / qb::kActBlock * 4);
 }
 
 // Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
@@ -121,6 +131,7 @@ Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* w
   a.s = qa.s;
   if (tiles) {
     a.tq = qa.tiles.q;
+    a.tq16 = qa.tiles.q16;
     a.td = qa.tiles.d;
     a.ts = qa.tiles.s;
   }

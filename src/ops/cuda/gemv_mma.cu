@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 #include <utility>
 
 #include "ops/cuda/check.h"
@@ -48,9 +49,10 @@ using mmaq::kSuperElems;
 // weight loads and the kernel is bound by the L1 (ncu, Q4_K 2048 x 248320 at 8 rows: L1/TEX 90%
 // busy, DRAM 36%). Each output's sum is the same for every MT (same superblocks per warp, same
 // order, the warps' tiles summed in warp order).
-// TL: the activations are read in the tile order (Acts::tq; types with k32 fragments): a warp's
-// activation loads are contiguous runs instead of 8 rows' cache lines each. The values and the
-// order of the sums are those of the row-major reads.
+// TL: the activations are read in the tile order (Acts::tq / tq16; types with T::kTiles): a
+// warp's activation loads are contiguous runs instead of 8 rows' cache lines each (Q4_K 5120 x
+// 17408 SwiGLU at 8 rows 36.6% -> 42.9% of the bandwidth, 16 rows 22.5% -> 28.0%). The values
+// and the order of the sums are those of the row-major reads.
 template <class T, int NT, int NM, int MT, bool TL>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     mma_gemv_kernel(const __grid_constant__ Group g, int n, Acts a) {
@@ -86,7 +88,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
         const typename T::Raw r = T::load(w0[0] + sb * T::kBytes, w1[0] + sb * T::kBytes, t);
         T::template compute<NT>(r, sb, t, al, acc[m][0]);
       } else {
-        mmaq::ActK32<NT, T::kMin> x;
+        // k32 types take ActK32 (tile or row-major order), Q6_K ActK16 (tile order only).
+        using X = std::conditional_t<T::kK32, mmaq::ActK32<NT, T::kMin>, mmaq::ActK16<NT>>;
+        X x;
         if constexpr (TL) {
           x.load(at, sb);
         } else {
@@ -185,8 +189,8 @@ int warps_for(int64_t n_sb, int nm, int mt, int nt) {
 }
 
 // Where blocks take two m-tiles (up to 16 rows): 1 for the types with a cached form (Q4_K, Q5_K;
-// the default), 0 nowhere (QWENRT_CUDA_MMA_MT=1), 2 for every type with k32 fragments, Q8_0
-// superblocks too (QWENRT_CUDA_MMA_MT=2; a measurement knob). Read per call: tests switch it.
+// the default), 0 nowhere (QWENRT_CUDA_MMA_MT=1), 2 for every type (QWENRT_CUDA_MMA_MT=2; a
+// measurement knob; Q6_K only with the tile order). Read per call: tests switch it.
 // Measured on the H200 (bench/results/h200-mma-gemv-2026-12-04.md): Q4_K 5120 x 17408 SwiGLU
 // 29.6% -> 37.2% of the bandwidth at 8 rows, 18.6% -> 22.6% at 16; 27B x16 decode 694 -> 756
 // tok/s; Q8_0 slower with two (row-major activations).
@@ -218,15 +222,23 @@ bool launch_mma(Group g, int64_t n, const Acts& a, cudaStream_t stream) {
             <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(g, static_cast<int>(n),
                                                                           a);
       };
+      // False where there is no kernel: two m-tiles of Q6_K need the tile order.
       auto with_tl = [&]<int MT>() {
-        if constexpr (T::kK32) {
-          if (a.tq != nullptr) return launch.template operator()<MT, true>();
+        if constexpr (T::kTiles) {
+          if (a.tq != nullptr) {
+            launch.template operator()<MT, true>();
+            return true;
+          }
         }
-        launch.template operator()<MT, false>();
+        if constexpr (MT == 1 || T::kK32) {
+          launch.template operator()<MT, false>();
+          return true;
+        }
+        return false;
       };
-      if constexpr (T::kK32 && NT <= 2) {
+      if constexpr (NT <= 2) {
         const int mode = two_m_tiles();
-        if (mode == 2 || (mode == 1 && T::kCached)) return with_tl.template operator()<2>();
+        if ((mode == 2 || (mode == 1 && T::kCached)) && with_tl.template operator()<2>()) return;
       }
       with_tl.template operator()<1>();
     });
@@ -242,6 +254,12 @@ bool mma_rows(int64_t n) {
   // checks/s; every micro-benchmark shape 0.5-0.8x), from 4 rows (Q4_K) and 5 (end to end) slower.
   static const int min_rows = std::max(2, env_int("QWENRT_CUDA_MMA_MIN_ROWS", 3));
   return n >= min_rows && n <= max_rows;
+}
+
+bool mma_tiled(const Matrix& w) {
+  bool tiles = false;
+  mmaq::with_type(w.dtype, w.q8_superblocks, [&]<class T>() { tiles = T::kTiles; });
+  return tiles && mma_kind(w);
 }
 
 bool mma_kind(const Matrix& w) {

@@ -497,7 +497,8 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
     blocks += (p[i].w.out + g.rows_per_block - 1) / g.rows_per_block;
   }
   if (mma_rows(n) && std::all_of(p, p + n_p, [](const Projection& q) { return mma_kind(q.w); })) {
-    const Acts a = prepare_acts(x, n, in, true, workspace, stream, true);
+    const bool tiles = std::any_of(p, p + n_p, [](const Projection& q) { return mma_tiled(q.w); });
+    const Acts a = prepare_acts(x, n, in, true, workspace, stream, tiles);
     if (mma_group(g, n, a, stream)) return;
   }
   if (std::all_of(p, p + n_p, [&](const Projection& q) { return gemm_rows(q.w, n); })) {
@@ -625,7 +626,7 @@ void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* 
   const int rpb = kThreads / ts;
   const int64_t row_blocks = (gate.out + rpb - 1) / rpb;
   if (mma_rows(n) && mma_kind(gate) && mma_kind(up)) {
-    const Acts a = prepare_acts(x, n, gate.in, true, workspace, stream, true);
+    const Acts a = prepare_acts(x, n, gate.in, true, workspace, stream, mma_tiled(gate));
     if (mma_swiglu(g, u, y, n, a, stream)) return;
   }
   if (gemm_rows(gate, n) && gemm_rows(up, n) &&

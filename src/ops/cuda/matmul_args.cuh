@@ -33,12 +33,13 @@ struct Acts {
   const float* x;
   int64_t in;
   const float* s = nullptr;
-  const int8_t* tq = nullptr;
+  const int8_t* tq = nullptr;    // k32 order (Q4_K, Q5_K)
+  const int8_t* tq16 = nullptr;  // k16 order (Q6_K)
   const float* td = nullptr;
   const float* ts = nullptr;
 };
 __host__ __device__ inline Acts shift_rows(Acts a, int64_t rows) {
-  a.tq = nullptr;  // (the tile order has no row offsets)
+  a.tq = a.tq16 = nullptr;  // (the tile order has no row offsets)
   a.td = a.ts = nullptr;
   a.q = a.q ? a.q + rows * a.in : nullptr;
   a.d = a.d ? a.d + rows * (a.in / qb::kActBlock) : nullptr;
@@ -135,6 +136,8 @@ bool staged_experts_down(const MatArg& d, const int32_t* ids, const float* weigh
 bool mma_rows(int64_t n);
 // Whether W has a tensor-core GEMV (Q4_K, Q5_K, Q6_K, Q8_0 in superblocks; single matrices).
 bool mma_kind(const Matrix& w);
+// Whether its tensor-core GEMV reads the activations in tile order (prepare_acts' `tiles`).
+bool mma_tiled(const Matrix& w);
 // Each returns false, having launched nothing, where it has no kernel (type, alignment, n).
 bool mma_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream);
 bool mma_swiglu(const MatArg& g, const MatArg& u, float* y, int64_t n, const Acts& a,

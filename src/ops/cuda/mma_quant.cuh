@@ -139,13 +139,14 @@ __device__ __forceinline__ void apply(const FragK16& f, const ActLane& al, int64
 // a warp's loads are contiguous, where the row-major form has each load touch 8 rows' cache lines.
 struct ActTiles {
   const int8_t* q;
+  const int8_t* q16;  // (k16 steps: Q6_K)
   const float* d;
   const float* s;
   int64_t n_sb;  // superblocks a row
   int g, t;
 };
 __device__ __forceinline__ ActTiles act_tiles(const Acts& a, int g, int t) {
-  return {a.tq, a.td, a.ts, a.in / kSuperElems, g, t};
+  return {a.tq, a.tq16, a.td, a.ts, a.in / kSuperElems, g, t};
 }
 
 // One superblock's activation fragments for NT n-tiles, loaded once and applied to several weight
@@ -209,6 +210,43 @@ __device__ __forceinline__ void apply(const FragK32& f, const ActK32<NT, MIN>& x
   }
 }
 
+// The same for k16 fragments (Q6_K), from the k16 tile order: step i's value at q[nt][i].
+template <int NT>
+struct ActK16 {
+  uint32_t q[NT][16];
+  float xd0[NT][8], xd1[NT][8];
+  __device__ __forceinline__ void load(const ActTiles& at, int64_t sb) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int64_t tile = nt * at.n_sb + sb;
+      const int8_t* p = at.q16 + tile * 2048 + at.g * 64 + at.t * 16;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int4 v = *reinterpret_cast<const int4*>(p + 512 * c);
+        q[nt][4 * c] = uint32_t(v.x);
+        q[nt][4 * c + 1] = uint32_t(v.y);
+        q[nt][4 * c + 2] = uint32_t(v.z);
+        q[nt][4 * c + 3] = uint32_t(v.w);
+      }
+      const int64_t ds = tile * 64 + 16 * at.t;
+      load8f(at.d + ds, xd0[nt]);
+      load8f(at.d + ds + 8, xd1[nt]);
+    }
+  }
+};
+template <int NT>
+__device__ __forceinline__ void apply(const FragK16& f, const ActK16<NT>& x, float (&acc)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      int c[4];
+      mma_k16(c, f.a[i], x.q[nt][i]);
+      scale_add(acc[nt], c, f.ws0[i], f.ws1[i], x.xd0[nt][i / 2], x.xd1[nt][i / 2]);
+    }
+  }
+}
+
 // ---- Per type: load one superblock of rows g and g + 8 (r0, r1: its bytes in each), then decode
 // it into fragments and apply them (compute) ----
 
@@ -241,7 +279,8 @@ struct MmaK4 {
   static constexpr bool kMin = true;  // the min term (block sums of the activations)
   // decode() + ActK32: several weight tiles per activation load (gemv_mma.cu's two m-tiles).
   static constexpr bool kCached = true;
-  static constexpr bool kK32 = true;  // decode() gives k32 fragments (tile-ordered activations)
+  static constexpr bool kK32 = true;    // decode() gives k32 fragments
+  static constexpr bool kTiles = true;  // reads tile-ordered activations (measured faster)
   template <int NT>
   static __device__ __forceinline__ void compute(const Raw& r, int64_t sb, int t, const ActLane& al,
                                                  float (&acc)[NT][4]) {
@@ -303,6 +342,10 @@ struct MmaQ80S {
   // loads a second tile saves, and the registers cost a block an SM.
   static constexpr bool kCached = false;
   static constexpr bool kK32 = true;
+  // Row-major activations: the tile order measured slower for Q8_0 on 5120-wide rows (8 rows
+  // 42.8% -> 39.8% of the bandwidth, 16 rows 40.7% -> 36.9%) and the 35B-A3B's batched decode
+  // 0.6-1% slower (bench/results/h200-mma-gemv-2026-12-04.md).
+  static constexpr bool kTiles = false;
   static constexpr bool kMin = false;
   template <int NT>
   static __device__ __forceinline__ void compute(const Raw& r, int64_t sb, int t, const ActLane& al,
@@ -337,7 +380,8 @@ struct MmaQ80S {
 struct MmaQ6K {
   static constexpr int kBytes = 210;
   static constexpr bool kCached = false;  // (k16 steps: one weight tile per activation load)
-  static constexpr bool kK32 = false;     // (its k16 steps read the row-major activations)
+  static constexpr bool kK32 = false;     // (k16 steps: ActK16)
+  static constexpr bool kTiles = true;
   static constexpr bool kMin = false;
   struct Raw {
     uint32_t ql0[8], ql1[8], qh0[4], qh1[4], sc0[4], sc1[4];
@@ -369,6 +413,9 @@ struct MmaQ6K {
   template <int NT>
   static __device__ __forceinline__ void compute(const Raw& r, int64_t sb, int t, const ActLane& al,
                                                  float (&acc)[NT][4]) {
+    apply<NT>(decode(r), al, sb, t, acc);
+  }
+  static __device__ __forceinline__ FragK16 decode(const Raw& r) {
     const float d0 = qb::half_bits_to_float(r.d0), d1 = qb::half_bits_to_float(r.d1);
     FragK16 f;
 #pragma unroll
@@ -391,7 +438,7 @@ struct MmaQ6K {
         }
       }
     }
-    apply<NT>(f, al, sb, t, acc);
+    return f;
   }
 };
 
