@@ -15,8 +15,9 @@
 //      blocks in order, then the incomplete tail; every position up to the query's while
 //      n_kv / ratio <= keep), online softmax per warp, the warps merged in a fixed order.
 // Simple rather than fast: one block per (query, head) walks its kept positions (at most
-// budget + ratio - 1 of them once blocks are dropped). Scores are fp32 (ref's are double): two
-// blocks whose scores agree to ~1e-6 relative may be ordered differently than ref orders them.
+// budget + ratio - 1 of them once blocks are dropped). Scores are summed in double as ref's and
+// kept as fp32: two blocks whose scores agree to ~1e-7 relative may be ordered differently than
+// ref orders them.
 // Grids depend on host-known bounds only (n, n_spans, the slot capacity in blocks).
 #include <cstdint>
 #include <string>
@@ -190,17 +191,19 @@ __global__ void __launch_bounds__(kScoreWarps * 32)
     const int d = lane + 32 * t;
     pv[t] = d < dim ? p[d] : 0.0f;
   }
-  float total = 0;
+  // In double, as ref: a head's dot near zero keeps its sign (relu), so near-zero blocks order
+  // as ref orders them.
+  double total = 0;
   for (int h = 0; h < heads; ++h) {
-    float dot = 0;
+    double dot = 0;
 #pragma unroll
     for (int t = 0; t < kMaxHeadDim / 32; ++t) {
       const int d = lane + 32 * t;
-      if (d < dim) dot = fmaf(pv[t], s_q[h * dim + d], dot);
+      if (d < dim) dot = fma(double(pv[t]), double(s_q[h * dim + d]), dot);
     }
-    total += fmaxf(warp_sum(dot), 0.0f);
+    total += fmax(warp_sum(dot), 0.0);
   }
-  float score = total / sqrtf(static_cast<float>(dim));
+  float score = static_cast<float>(total / sqrt(static_cast<double>(dim)));
   if (score == 0.0f) score = 0.0f;  // -0 and +0 tie in ref's comparison: one key for both
   if (lane == 0) a.scores[int64_t{blockIdx.y} * a.max_blocks + b] = score;
 }
