@@ -3,7 +3,7 @@
 # or MTP drafting, on the tiny trained models, for chat, arithmetic and code-like prompts (greedy,
 # thinking off). Each configuration runs REPEATS times in alternation; the table gives medians.
 # MODES picks the configurations: none, ngramK (--draft ngram --draft-max K), mtpK (--draft mtp
-# --draft-max K); default "none ngram2 ngram4".
+# --draft-max K), mtpKvN (--draft mtp --draft-max K --draft-vocab N); default "none ngram2 ngram4".
 #   bash bench/draft.sh [qwenrt binary] [threads] [repeats] > bench/results/draft-cpu.md
 #   MODES="none mtp1 mtp2 mtp4" bash bench/draft.sh build/qwenrt 1 5
 set -euo pipefail
@@ -34,6 +34,7 @@ for m in "${models[@]}"; do
         case $mode in
           none) args="--draft none" ;;
           ngram*) args="--draft ngram --draft-max ${mode#ngram}" ;;
+          mtp*v*) k=${mode#mtp}; args="--draft mtp --draft-max ${k%v*} --draft-vocab ${k#*v}" ;;
           mtp*) args="--draft mtp --draft-max ${mode#mtp}" ;;
           *) echo "unknown mode $mode" >&2; exit 1 ;;
         esac

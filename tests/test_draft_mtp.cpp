@@ -8,6 +8,7 @@
 // pairing still gives the same output, but drafts that almost never hold).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -42,13 +43,15 @@ int argmax(const float* row, int n) {
   return best;
 }
 
-std::unique_ptr<engine::Engine> load(const std::string& path, const char* backend) {
+std::unique_ptr<engine::Engine> load(const std::string& path, const char* backend,
+                                     int64_t draft_vocab = 0) {
   engine::EngineOptions o;
   o.backend = backend;
   o.n_threads = 2;
   o.n_slots = 3;
   o.n_ctx = 2048;
   o.verify_rows = 5;
+  o.draft_vocab = draft_vocab;
   return engine::Engine::load(path, o);
 }
 
@@ -110,6 +113,39 @@ TEST(MtpEngine, HiddenStatesOfEveryRowAndDraftsOfChosenRows) {
   a->mtp_draft(chained, drafts, out);
   EXPECT_EQ(drafts, next);
   EXPECT_EQ(out, next_hidden);
+}
+
+// With EngineOptions::draft_vocab = N, mtp_draft picks the argmax of each row's first N draft
+// logits (the head's first N rows), which mtp_step's full logits give; every draft is below N.
+TEST(MtpEngine, DraftVocabularyPicksAmongTheFirstIds) {
+  auto a = load(kDense, "ref");
+  const int e = a->config().n_embd, V = a->config().n_vocab;
+  const auto ids = testing_support::random_tokens(21, V, 4);
+  engine::Batch all;
+  for (size_t i = 0; i < ids.size(); ++i) all.add(0, ids[i], static_cast<int32_t>(i), true);
+  const auto trunk = a->step_with_hidden(all);
+  engine::MtpBatch m;
+  for (size_t p = 0; p + 1 < ids.size(); ++p)
+    m.add(0, ids[p + 1], static_cast<int32_t>(p), std::span(trunk.hidden).subspan(p * e, e), true);
+  const auto logits = a->mtp_step(m);
+  const int rows = static_cast<int>(ids.size()) - 1;
+  // N: below the full argmax of at least one row, so that the restriction changes a draft.
+  int n = V;
+  for (int r = 0; r < rows; ++r) n = std::min(n, argmax(&logits[int64_t{r} * V], V));
+  n = std::max(n, 16);
+  int changed = 0;
+  for (int r = 0; r < rows; ++r) changed += argmax(&logits[int64_t{r} * V], V) >= n;
+  ASSERT_GT(changed, 0) << "every row's argmax is below " << n;
+  auto b = load(kDense, "ref", n);
+  b->step_with_hidden(all);
+  std::vector<int32_t> drafts;
+  std::vector<float> hidden;
+  b->mtp_draft(m, drafts, hidden);
+  ASSERT_EQ(drafts.size(), static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    EXPECT_LT(drafts[r], n) << "row " << r;
+    EXPECT_EQ(drafts[r], argmax(&logits[int64_t{r} * V], n)) << "row " << r;
+  }
 }
 
 using Outcome = testing_support::DraftOutcome;
@@ -311,6 +347,26 @@ TEST_P(DraftMtpTest, MixedWithSequencesThatDoNotDraftAndWithLimits) {
 
 // The prefix cache's snapshots carry the MTP rows; a round resuming from them has the same
 // output, and its drafts still hold.
+// Drafts among the first V / 3 ids (--draft-vocab): the output is the plain one; the acceptance
+// of both vocabularies is printed (the tiny models' 3,072 ids are a stand-in: a real checkpoint's
+// 248,320 ids are where the head's size matters).
+TEST_P(DraftMtpTest, GreedyOutputIsTheSameWithADraftVocabulary) {
+  MatmulIsaCap cap;
+  const auto seqs = prompts(ref() ? 40 : 150, 0.0f);
+  const auto plain = run(seqs, {});
+  const auto full = run(seqs, mtp(3));
+  const int64_t n = engine_->config().n_vocab / 3;
+  engine_ = load(kRoot + GetParam().file, GetParam().backend, n);
+  const auto cut = run(seqs, mtp(3));
+  expect_same(exact(), plain, cut, "draft vocabulary " + std::to_string(n));
+  const Acceptance a = acceptance(full), b = acceptance(cut);
+  std::printf(
+      "[mtp] %s (%s) depth 3: acceptance %.1f%% with every id, %.1f%% among the first %lld\n",
+      GetParam().file, GetParam().backend, 100 * a.rate(), 100 * b.rate(),
+      static_cast<long long>(n));
+  EXPECT_GT(b.drafted, 0);
+}
+
 TEST_P(DraftMtpTest, WithThePrefixCache) {
   MatmulIsaCap cap;
   const auto seqs = prompts(ref() ? 30 : 100, 0.0f);

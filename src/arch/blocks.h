@@ -102,10 +102,11 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
 
 // The MTP block (SPEC.md "MTP head"): x = eh_proj [enorm(embed(next)); hnorm(hidden)], one gated
 // attention layer (state layer n_layer) and FFN with residuals anchored on x, then the head over
-// the step's n_out output rows.
+// the step's n_out output rows: logits [n_out, head_rows] from the head's first head_rows rows
+// (0: all n_vocab).
 template <class Ffn, class FfnFn>
 ForwardResult run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, FfnFn ffn,
-                      int64_t n_out, const float* hidden_in) {
+                      int64_t n_out, const float* hidden_in, int64_t head_rows = 0) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
   const int64_t n = ctx.n, e = c.n_embd;
@@ -136,8 +137,14 @@ ForwardResult run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, 
     out = ops.alloc(n_out * e);
     ops.gather_output_rows(x, e, out);
   }
-  float* logits = ops.alloc(n_out * c.n_vocab);
-  ops.matmul(w.head, out, logits, n_out);
+  Weight head = w.head;
+  if (head_rows > 0 && head_rows < head.view.ne[1]) {  // a prefix of the rows: still contiguous
+    head.view.ne[1] = head_rows;
+    head.view.nb[2] = head.view.nb[1] * head_rows;
+    head.view.nb[3] = head.view.nb[2];
+  }
+  float* logits = ops.alloc(n_out * head.view.ne[1]);
+  ops.matmul(head, out, logits, n_out);
   return {.logits = logits, .hidden = out};
 }
 

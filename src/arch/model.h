@@ -40,7 +40,7 @@ class Model {
   // rows, draft logits for position p + 2 [n_out, n_vocab] and the block's hidden state after its
   // head norm [n_out, n_embd] (a chained draft's input in place of the trunk's).
   virtual ForwardResult mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n,
-                                    int64_t n_out, const float* hidden) = 0;
+                                    int64_t n_out, const float* hidden, int64_t head_rows) = 0;
 };
 
 // Bind the file's tensors and place them on the backend.

@@ -24,9 +24,10 @@ class Qwen35Moe final : public Model {
   }
   bool has_mtp() const override { return weights_.mtp.has_value(); }
   ForwardResult mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
-                            const float* hidden) override {
+                            const float* hidden, int64_t head_rows) override {
     if (!weights_.mtp) fail("this model has no MTP block");
-    return run_mtp(BlockContext{ops, config_, states, n}, *weights_.mtp, moe_ffn, n_out, hidden);
+    return run_mtp(BlockContext{ops, config_, states, n}, *weights_.mtp, moe_ffn, n_out, hidden,
+                   head_rows);
   }
 
  private:

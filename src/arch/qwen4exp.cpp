@@ -166,8 +166,8 @@ class Qwen4Exp final : public Model {
   }
 
   bool has_mtp() const override { return false; }
-  ForwardResult mtp_forward(ops::Ops&, state::StateStore&, int64_t, int64_t,
-                            const float*) override {
+  ForwardResult mtp_forward(ops::Ops&, state::StateStore&, int64_t, int64_t, const float*,
+                            int64_t) override {
     fail("qwen4exp files carry no MTP block (llama.cpp's converter drops it)");
   }
 

@@ -1,5 +1,6 @@
-// `--draft none|ngram|mtp`, `--draft-max K`, `--no-draft`: speculative decoding (gen/draft.h), the
-// same on every command that generates. The output is the same with or without it. Without
+// `--draft none|ngram|mtp`, `--draft-max K`, `--draft-vocab N`, `--no-draft`: speculative decoding
+// (gen/draft.h), the same on every command that generates. The output is the same with or without
+// it. Without
 // --draft-max, MTP drafts the checkpoint's depth (gen/defaults.h, shown by `qwenrt info`) and the
 // n-gram drafter gen::kNgramDraftDepth.
 #pragma once
@@ -20,6 +21,7 @@ namespace qwenrt::cli {
 struct DraftCliOptions {
   std::string kind = "none";
   int max_tokens = 0;  // 0: the drafter's default depth
+  int64_t vocab = 0;   // MTP drafts among the first `vocab` ids (0: all)
   bool off = false;
 };
 
@@ -33,6 +35,11 @@ inline void add_draft_options(CLI::App* sub, DraftCliOptions& opt) {
                   "Drafted tokens per check at most (default: the checkpoint's MTP depth, which "
                   "`qwenrt info` shows; 4 for ngram)")
       ->check(CLI::Range(1, 16));
+  sub->add_option("--draft-vocab", opt.vocab,
+                  "MTP drafts pick among the first N token ids only: a draft head over N rows of "
+                  "the LM head instead of all of them (BPE ids run roughly from frequent to rare); "
+                  "the output is the same, acceptance may drop (default: all ids)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_flag("--no-draft", opt.off, "No speculative decoding (as --draft none)");
 }
 
@@ -58,6 +65,7 @@ inline void apply(const DraftCliOptions& opt, const std::string& model_path,
   }
   so.draft.max_tokens = draft_depth(opt, model_path);
   eo.verify_rows = so.draft.max_tokens + 1;
+  eo.draft_vocab = opt.vocab;
 }
 
 }  // namespace qwenrt::cli

@@ -371,7 +371,7 @@ void Engine::rollback(int slot, int64_t n_tokens) {
   kept_.erase(it);  // once: the history may be overwritten by the next step
 }
 
-arch::ForwardResult Engine::run_mtp(const MtpBatch& batch) {
+arch::ForwardResult Engine::run_mtp(const MtpBatch& batch, int64_t head_rows) {
   if (!model_->has_mtp()) fail("{}: the model has no MTP block", file_.path());
   const size_t n = batch.tokens.size();
   if (batch.hidden.size() != n * config_.n_embd) {
@@ -384,8 +384,9 @@ arch::ForwardResult Engine::run_mtp(const MtpBatch& batch) {
   ops_->reset_workspace();
   float* hidden = ops_->alloc(static_cast<int64_t>(n) * config_.n_embd);
   ops_->upload(batch.hidden.data(), hidden, static_cast<int64_t>(n) * config_.n_embd);
-  const arch::ForwardResult r = model_->mtp_forward(
-      *ops_, *states_, static_cast<int64_t>(n), static_cast<int64_t>(output_rows_.size()), hidden);
+  const arch::ForwardResult r =
+      model_->mtp_forward(*ops_, *states_, static_cast<int64_t>(n),
+                          static_cast<int64_t>(output_rows_.size()), hidden, head_rows);
   advance(state::Track::kMtp);
   return r;
 }
@@ -405,14 +406,17 @@ void Engine::mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts,
   hidden.clear();
   if (!model_->has_mtp()) fail("{}: the model has no MTP block", file_.path());
   if (batch.tokens.empty()) return;
-  const arch::ForwardResult r = run_mtp(batch);
+  const int64_t vocab = options_.draft_vocab > 0 && options_.draft_vocab < config_.n_vocab
+                            ? options_.draft_vocab
+                            : config_.n_vocab;
+  const arch::ForwardResult r = run_mtp(batch, vocab);
   const auto m = static_cast<int64_t>(output_rows_.size());
   if (m == 0) return;
   hidden.resize(m * config_.n_embd);
   ops_->download(r.hidden, hidden.data(), m * config_.n_embd);
   greedy_rows_.assign(m, ops::SamplingRow{.temperature = 0.0f});
   greedy_picks_.resize(m);
-  ops_->sample(r.logits, config_.n_vocab, greedy_rows_.data(), 0, greedy_picks_.data());
+  ops_->sample(r.logits, vocab, greedy_rows_.data(), 0, greedy_picks_.data());
   drafts.resize(m);
   for (int64_t i = 0; i < m; ++i) drafts[i] = greedy_picks_[i].id;
 }

@@ -37,6 +37,11 @@ struct EngineOptions {
   // each slot keeps this many - 1 recurrent states per DeltaNet layer (Engine::rollback).
   // 0 or 1: none.
   int verify_rows = 0;
+  // MTP drafts pick among the first draft_vocab token ids only (0, or n_vocab and above: every
+  // id): the draft head is a GEMV over that many rows of the LM head instead of all of them
+  // (on a 27B the head is ~3/4 of an MTP forward's bytes). Checks keep the output exact
+  // whatever the drafts are; a draft outside the ids is simply never proposed.
+  int64_t draft_vocab = 0;
   // Read every weight page once at load (so the first step does not pay for page faults);
   // on_load_progress(bytes done, bytes total) is called as it goes.
   bool prefault = true;
@@ -120,9 +125,9 @@ class Engine {
   bool has_mtp() const { return model_->has_mtp(); }
   // Runs the MTP block; returns draft logits [output rows, n_vocab]. Error if the model has none.
   std::vector<float> mtp_step(const MtpBatch& batch);
-  // Runs the MTP block and drafts greedily (argmax of the draft logits, picked on the backend):
-  // drafts[i] and hidden [i, n_embd] (the block's state after its head norm, the input of the
-  // next chained row) for the i-th output row.
+  // Runs the MTP block and drafts greedily (argmax of the draft logits over the first
+  // EngineOptions::draft_vocab ids, picked on the backend): drafts[i] and hidden [i, n_embd] (the
+  // block's state after its head norm, the input of the next chained row) for the i-th output row.
   void mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts, std::vector<float>& hidden);
   // Shortens the slot's MTP track to n_tokens (<= its length): the rows a draft chain fed beyond
   // the positions the trunk holds are dropped by length.
@@ -141,7 +146,8 @@ class Engine {
             state::Track track, bool ends_in_sample = false,
             const std::vector<int32_t>* keep = nullptr);
   arch::ForwardResult run(const Batch& batch, bool ends_in_sample = false);
-  arch::ForwardResult run_mtp(const MtpBatch& batch);
+  // head_rows: the LM head's rows the logits take (0: all).
+  arch::ForwardResult run_mtp(const MtpBatch& batch, int64_t head_rows = 0);
   void advance(state::Track track);
 
   gguf::File file_;
