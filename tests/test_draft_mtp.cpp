@@ -426,6 +426,14 @@ TEST(DraftMtp, CliDraftMtpGivesThePlainOutput) {
   EXPECT_NE(by_default.err.find("checks of up to " + std::to_string(kMtpDraftDepth) + " |"),
             std::string::npos)
       << by_default.err;
+  // Drafts among the first 512 ids, and every id: the same output.
+  for (const char* vocab : {"512", "0"}) {
+    const auto cut = testing_support::run_qwenrt(args + "--draft mtp --draft-vocab " + vocab);
+    ASSERT_EQ(cut.code, 0) << cut.err;
+    EXPECT_EQ(cut.out, plain.out) << "--draft-vocab " << vocab;
+  }
+  const auto bad = testing_support::run_qwenrt(args + "--draft mtp --draft-vocab -3");
+  EXPECT_NE(bad.code, 0);
   const auto none = testing_support::run_qwenrt("run -m " + kNoMtp + " -p hi -n 4 --draft mtp");
   EXPECT_EQ(none.code, 1);
   EXPECT_NE(none.err.find("MTP block"), std::string::npos) << none.err;

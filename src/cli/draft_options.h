@@ -21,7 +21,7 @@ namespace qwenrt::cli {
 struct DraftCliOptions {
   std::string kind = "none";
   int max_tokens = 0;  // 0: the drafter's default depth
-  int64_t vocab = 0;   // MTP drafts among the first `vocab` ids (0: all)
+  int64_t vocab = -1;  // MTP drafts among the first `vocab` ids (0: all; -1: gen::kMtpDraftVocab)
   bool off = false;
 };
 
@@ -38,8 +38,8 @@ inline void add_draft_options(CLI::App* sub, DraftCliOptions& opt) {
   sub->add_option("--draft-vocab", opt.vocab,
                   "MTP drafts pick among the first N token ids only: a draft head over N rows of "
                   "the LM head instead of all of them (BPE ids run roughly from frequent to rare); "
-                  "the output is the same, acceptance may drop (default: all ids)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+                  "the output is the same, acceptance may drop; 0: every id (default: 65536)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   sub->add_flag("--no-draft", opt.off, "No speculative decoding (as --draft none)");
 }
 
@@ -65,7 +65,7 @@ inline void apply(const DraftCliOptions& opt, const std::string& model_path,
   }
   so.draft.max_tokens = draft_depth(opt, model_path);
   eo.verify_rows = so.draft.max_tokens + 1;
-  eo.draft_vocab = opt.vocab;
+  eo.draft_vocab = opt.vocab >= 0 ? opt.vocab : gen::kMtpDraftVocab;
 }
 
 }  // namespace qwenrt::cli

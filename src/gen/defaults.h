@@ -37,6 +37,11 @@ struct DrafterDefaults {
 inline constexpr int kMtpDraftDepth = 2;
 int mtp_draft_depth(model::Checkpoint checkpoint);
 inline constexpr int kNgramDraftDepth = 4;
+// MTP drafts pick among the first this many token ids unless --draft-vocab says otherwise
+// (docs/decisions.md, "A draft vocabulary for MTP drafts"): on the family's 248,320-id vocabulary
+// the draft head reads a quarter of the LM head, and ids below it are 98.3% of the tokens of
+// English and code text (bench/results/draft-vocab.md). Smaller vocabularies draft among all ids.
+inline constexpr int64_t kMtpDraftVocab = 65536;
 
 struct CheckpointDefaults {
   model::Identity identity;
