@@ -104,6 +104,21 @@ TEST(Cli, BenchReportsEachFigureFromItsRepeats) {
   EXPECT_GT(j["peak_rss_mib"].get<double>(), 0.0);
 }
 
+// --mtp-drafts times MTP drafts (one token a step) on a model with an MTP block, with the draft
+// vocabulary in the figure's name; a model without one is a one-line error (below).
+TEST(Cli, BenchTimesMtpDrafts) {
+  const std::string tiny = std::string(QWENRT_SOURCE_DIR) + "/models/qwen35-chat-tiny.Q8_0.gguf";
+  const Output o = run("bench -m " + tiny +
+                       " -p 8 -n 3 -b 0 -r 2 --mtp-drafts --draft-vocab 512 --backend cpu --json");
+  ASSERT_EQ(o.code, 0) << o.err;
+  const auto j = nlohmann::json::parse(o.out);
+  std::vector<std::string> tests;
+  for (const auto& r : j["results"]) tests.push_back(r["test"]);
+  EXPECT_EQ(tests, (std::vector<std::string>{"pp8", "tg3", "tg3 mtp-draft v512"}));
+  EXPECT_EQ(j["results"][2]["tokens"], 3);
+  EXPECT_GT(j["results"][2]["tok_s_median"].get<double>(), 0.0);
+}
+
 TEST(Cli, ErrorsAreOneLineWithExitCodeOne) {
   for (const std::string& args : std::vector<std::string>{
            "info /nonexistent.gguf", "run -m /nonexistent.gguf -p hi",
@@ -112,7 +127,8 @@ TEST(Cli, ErrorsAreOneLineWithExitCodeOne) {
            "run -m " + kModel + " -p \"$(printf 'bad \\377 byte')\"",
            "run -m " + kModel + " -c 8 -p 'longer than eight tokens, surely'",
            "bench -m " + kModel + " -r 0", "bench -m " + kModel + " -b 1",
-           "bench -m " + kModel + " -p 0", "bench -m " + kModel + " --check-rows 1"}) {
+           "bench -m " + kModel + " -p 0", "bench -m " + kModel + " --check-rows 1",
+           "bench -m " + kModel + " -p 8 -n 2 -b 0 -r 1 --mtp-drafts"}) {
     const Output o = run(args);
     EXPECT_EQ(o.code, 1) << args << "\n" << o.err;
     EXPECT_EQ(o.err.rfind("qwenrt: error: ", 0), 0u) << args << "\n" << o.err;

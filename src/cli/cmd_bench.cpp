@@ -3,6 +3,7 @@
 //   ppP      prefill of P tokens from an empty sequence, one step; tok/s and time to first token
 //   tgN      decode at batch 1: N steps of one token after 4 untimed warm-up steps
 //   tgN xB   aggregate decode: B sequences, N steps of B rows (one token each); tok/s of all rows
+//   tgN checkR / tgN mtp-draft   speculative checks of R rows / MTP drafts at batch 1 (below)
 // Each figure is the median of -r repeats (min and max shown); peak resident memory at the end.
 // bench/llamacpp_compare.py runs the same figures through llama.cpp on the same file.
 #include <fmt/format.h>
@@ -29,6 +30,8 @@ struct BenchOptions {
   int64_t decode = 128;
   std::vector<int64_t> batches{8, 32, 128};
   std::vector<int64_t> check_rows;  // speculative checks of this many rows (--check-rows)
+  bool mtp_drafts = false;          // time MTP drafts at batch 1 (--mtp-drafts)
+  int64_t draft_vocab = 0;          // their draft vocabulary (--draft-vocab; 0: every id)
   int repeats = 5;
   uint64_t seed = 1;
   bool json = false;
@@ -76,6 +79,7 @@ class Bench {
                                                                             opt_.check_rows.end());
       eo.n_ctx = std::max(max_p, opt_.depth + opt_.decode + kWarmupSteps + max_check);
       eo.verify_rows = static_cast<int>(max_check);
+      eo.draft_vocab = opt_.draft_vocab;
       const double load_s = seconds_of([&] { e_ = engine::Engine::load(path_, eo); });
       load_seconds_ = load_s;
       auto& e = e_;
@@ -84,6 +88,7 @@ class Bench {
       for (int64_t p : opt_.prefill) out.push_back(prefill(*e, p));
       out.push_back(decode(*e, 1));
       for (int64_t rows : opt_.check_rows) out.push_back(check(*e, rows));
+      if (opt_.mtp_drafts) out.push_back(mtp_drafts(*e));
       e_.reset();
     }
     for (int64_t b : opt_.batches) {
@@ -166,6 +171,29 @@ class Bench {
       b.keep_states = {0};
       e.step_sample(b, rows, 0, out);
       e.rollback(0, pos + 1);  // the slot's length: up to and including the first row
+    };
+    time_steps(e, 1, step, f);
+    return f;
+  }
+
+  // MTP drafts as drafting runs them, at batch 1: each step is one Engine::mtp_draft of one row
+  // (a random token, the previous draft's hidden state: a chain), then the row is cut off the
+  // MTP track again (Engine::truncate_mtp), so every step sees the same track. Its rate against
+  // tgN's is what a draft costs against a plain step.
+  Figure mtp_drafts(engine::Engine& e) {
+    if (!e.has_mtp()) fail("--mtp-drafts: {} has no MTP block (synth --mtp adds one)", path_);
+    const std::string vocab = opt_.draft_vocab > 0 ? fmt::format(" v{}", opt_.draft_vocab) : "";
+    Figure f{fmt::format("tg{} mtp-draft{}", opt_.decode, vocab), opt_.decode, {}};
+    std::vector<float> hidden(static_cast<size_t>(e.config().n_embd), 0.0f), next;
+    std::vector<int32_t> drafts;
+    engine::MtpBatch b;
+    auto step = [&](int32_t) {
+      const auto at = static_cast<int32_t>(e.states().n_mtp_tokens(0));
+      b.clear();
+      b.add(0, token(), at, hidden, true);
+      e.mtp_draft(b, drafts, next);
+      e.truncate_mtp(0, at);
+      hidden.swap(next);
     };
     time_steps(e, 1, step, f);
     return f;
@@ -300,6 +328,12 @@ Run add_bench(CLI::App& app) {
                   "Also time speculative checks of this many rows at batch 1 (comma-separated, "
                   "2..16; each keeps one row: the cost of a check against a plain step)")
       ->delimiter(',');
+  sub->add_flag("--mtp-drafts", opt->mtp_drafts,
+                "Also time MTP drafts at batch 1 (one chained row each, cut off again): the "
+                "drafter's cost against a plain step; the model needs an MTP block");
+  sub->add_option("--draft-vocab", opt->draft_vocab,
+                  "The MTP drafts' vocabulary: the first N token ids (0: every id)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("-r,--repeats", opt->repeats, "Repeats per figure");
   sub->add_option("--seed", opt->seed, "Seed of the random token ids");
   sub->add_flag("--json", opt->json, "Print JSON (every repeat's seconds) instead of a table");
