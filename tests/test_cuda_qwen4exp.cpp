@@ -22,7 +22,9 @@
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
+#include "support/engine_steps.h"
 #include "support/model_files.h"
+#include "support/qwen4exp_fixture.h"
 
 namespace qwenrt {
 namespace {
@@ -508,14 +510,10 @@ TEST(CudaQwen4expOps, QsaMatchesTheReference) {
 
 // ---- End to end on the committed fixture ----
 
-const std::string kDir = std::string(QWENRT_SOURCE_DIR) + "/tests/fixtures/models/";
-const std::string kFile = kDir + "qwen4exp.Q8_0.gguf";
+const std::string kFile = testing_support::qwen4exp_file();
 constexpr int kVocab = 1024;
 
-std::vector<int32_t> fixture_prompt() {
-  std::ifstream in(kDir + "manifest.json");  // the prompt of the Qwen3.5 fixtures
-  return nlohmann::json::parse(in)["prompt"]["ids"].get<std::vector<int32_t>>();
-}
+using testing_support::run_prompt;
 
 std::unique_ptr<engine::Engine> load(const std::string& path, const std::string& backend,
                                      int n_slots = 1) {
@@ -527,55 +525,21 @@ std::unique_ptr<engine::Engine> load(const std::string& path, const std::string&
   return engine::Engine::load(path, o);
 }
 
-// Logits of every position, the prompt fed in chunks (the last runs to the end).
-std::vector<float> run_prompt(engine::Engine& e, const std::vector<int32_t>& ids,
-                              const std::vector<size_t>& chunks, int slot = 0) {
-  std::vector<float> all;
-  size_t begin = 0, c = 0;
-  while (begin < ids.size()) {
-    const size_t count = c < chunks.size() ? chunks[c++] : ids.size() - begin;
-    engine::Batch b;
-    for (size_t i = begin; i < std::min(ids.size(), begin + count); ++i)
-      b.add(slot, ids[i], static_cast<int32_t>(i), true);
-    const auto l = e.step(b);
-    all.insert(all.end(), l.begin(), l.end());
-    begin += count;
-  }
-  return all;
-}
-
 std::vector<float> row(const std::vector<float>& logits, int64_t r) {
-  return {logits.begin() + r * kVocab, logits.begin() + (r + 1) * kVocab};
+  return testing_support::logits_row(logits, r, kVocab);
 }
-int argmax(const std::vector<float>& v) {
-  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
-}
+using testing_support::argmax;
+using Agreement = testing_support::LogitAgreement;
 
-struct Agreement {
-  double worst = 0;
-  int top1 = 0, n = 0;
-};
 Agreement compare(const std::vector<float>& a, const std::vector<float>& b) {
   Agreement r;
-  for (size_t i = 0; i * kVocab < b.size(); ++i) {
-    r.worst = std::max(r.worst, rel_l2(row(a, i), row(b, i)));
-    r.top1 += argmax(row(a, i)) == argmax(row(b, i));
-    ++r.n;
-  }
+  for (size_t i = 0; i * kVocab < b.size(); ++i) r.add(row(a, i), row(b, i));
   return r;
 }
 
 // A copy of the fixture with the indexer budget above the prompt: QSA keeps every key.
 const std::string& dense_file() {
-  static const std::string path = [] {
-    const std::string p = testing_support::temp_path("cuda_qwen4exp_dense.gguf");
-    testing_support::rewrite(kFile, p, [](auto& kv, auto&, auto&) {
-      for (auto& e : kv) {
-        if (e.key == "qwen4exp.attention.indexer.top_k") e.value = gguf::Value::u32(256);
-      }
-    });
-    return p;
-  }();
+  static const std::string path = testing_support::qwen4exp_dense_copy("cuda_qwen4exp_dense.gguf");
   return path;
 }
 
@@ -586,7 +550,7 @@ const std::string& dense_file() {
 // top-1 on all but two rows (a near tie of logits or of a block selection).
 TEST(CudaQwen4exp, FixtureMatchesTheReferenceBackend) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const auto ids = fixture_prompt();
+  const auto ids = testing_support::qwen4exp_prompt();
   for (const std::string& file : {kFile, dense_file()}) {
     const auto want = run_prompt(*load(file, "ref"), ids, {});
     const auto got = run_prompt(*load(file, "cuda"), ids, {});
@@ -605,7 +569,7 @@ TEST(CudaQwen4exp, FixtureMatchesTheReferenceBackend) {
 // GEMV).
 TEST(CudaQwen4exp, PrefillThenDecodeEqualsOnePrefill) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const auto ids = fixture_prompt();
+  const auto ids = testing_support::qwen4exp_prompt();
   auto whole = load(kFile, "cuda");
   const auto one = run_prompt(*whole, ids, {});
   for (size_t n_prefill : {size_t{5}, size_t{40}}) {
@@ -627,7 +591,7 @@ TEST(CudaQwen4exp, PrefillThenDecodeEqualsOnePrefill) {
 // restored into another runs on from there.
 TEST(CudaQwen4exp, SnapshotRestoreContinues) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const auto ids = fixture_prompt();
+  const auto ids = testing_support::qwen4exp_prompt();
   auto e = load(kFile, "cuda", 2);
   const std::vector<int32_t> head(ids.begin(), ids.begin() + 60);
   run_prompt(*e, head, {});
@@ -652,7 +616,7 @@ TEST(CudaQwen4exp, SnapshotRestoreContinues) {
 // eager steps exactly.
 TEST(CudaQwen4exp, GraphReplayEqualsEagerSteps) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const auto ids = fixture_prompt();
+  const auto ids = testing_support::qwen4exp_prompt();
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 6);
   auto greedy = [&](engine::Engine& e) {
     ops::SamplingRow row;

@@ -18,15 +18,17 @@
 #include "engine/engine.h"
 #include "io/npy.h"
 #include "ops/ref/kernels.h"
+#include "support/engine_steps.h"
 #include "support/model_files.h"
+#include "support/qwen4exp_fixture.h"
 
 namespace qwenrt {
 namespace {
 
 using testing_support::rel_l2;
 
-const std::string kDir = std::string(QWENRT_SOURCE_DIR) + "/tests/fixtures/models/";
-const std::string kFile = kDir + "qwen4exp.Q8_0.gguf";
+const std::string kDir = testing_support::qwen4exp_dir();
+const std::string kFile = testing_support::qwen4exp_file();
 
 nlohmann::json manifest() {
   std::ifstream in(kDir + "qwen4exp.json");
@@ -44,8 +46,7 @@ const Fixture& fixture() {
   static const Fixture f = [] {
     const auto m = manifest();
     Fixture f;
-    std::ifstream in(kDir + "manifest.json");  // the prompt of the Qwen3.5 fixtures
-    f.ids = nlohmann::json::parse(in)["prompt"]["ids"].get<std::vector<int32_t>>();
+    f.ids = testing_support::qwen4exp_prompt();
     if (f.ids.size() != m["prompt"]["length"].get<size_t>()) throw std::runtime_error("prompt");
     f.rows = m["rows"].get<std::vector<int64_t>>();
     return f;
@@ -64,36 +65,9 @@ std::unique_ptr<engine::Engine> load(const std::string& path, const std::string&
   return engine::Engine::load(path, o);
 }
 
-// Logits of every prompt position, the prompt fed in chunks of the given sizes (the last chunk
-// runs to the end).
-std::vector<float> run_prompt(engine::Engine& e, const std::vector<int32_t>& ids,
-                              const std::vector<size_t>& chunks, int slot = 0) {
-  std::vector<float> all;
-  size_t begin = 0, c = 0;
-  while (begin < ids.size()) {
-    const size_t count = c < chunks.size() ? chunks[c++] : ids.size() - begin;
-    engine::Batch b;
-    for (size_t i = begin; i < std::min(ids.size(), begin + count); ++i)
-      b.add(slot, ids[i], static_cast<int32_t>(i), true);
-    const auto l = e.step(b);
-    all.insert(all.end(), l.begin(), l.end());
-    begin += count;
-  }
-  return all;
-}
-
-std::vector<float> row(const std::vector<float>& logits, int64_t r, int vocab) {
-  return {logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab};
-}
-
-int argmax(const std::vector<float>& v) {
-  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-struct Agreement {
-  double worst = 0;
-  int top1 = 0, n = 0;
-};
+using Agreement = testing_support::LogitAgreement;
+using testing_support::run_prompt;
+const auto& row = testing_support::logits_row;
 
 // Our logits at the fixture's rows against a reference [rows, vocab], rows filtered by `keep`.
 template <class Keep>
@@ -103,11 +77,8 @@ Agreement compare(const std::vector<float>& ours, const NpyArray& ref, Keep keep
   Agreement a;
   for (size_t i = 0; i < f.rows.size(); ++i) {
     if (!keep(f.rows[i])) continue;
-    const auto mine = row(ours, f.rows[i], vocab);
-    const std::vector<float> want(ref.data.begin() + i * vocab, ref.data.begin() + (i + 1) * vocab);
-    a.worst = std::max(a.worst, rel_l2(mine, want));
-    a.top1 += argmax(mine) == argmax(want);
-    ++a.n;
+    a.add(testing_support::logits_row(ours, f.rows[i], vocab),
+          testing_support::logits_row(ref.data, static_cast<int64_t>(i), vocab));
   }
   return a;
 }
@@ -118,15 +89,7 @@ bool all_rows(int64_t) {
 
 // A copy of the fixture with the indexer budget raised above the prompt: QSA keeps every key.
 const std::string& dense_file() {
-  static const std::string path = [] {
-    const std::string p = testing_support::temp_path("qwen4exp_dense.gguf");
-    testing_support::rewrite(kFile, p, [](auto& kv, auto&, auto&) {
-      for (auto& e : kv) {
-        if (e.key == "qwen4exp.attention.indexer.top_k") e.value = gguf::Value::u32(256);
-      }
-    });
-    return p;
-  }();
+  static const std::string path = testing_support::qwen4exp_dense_copy("qwen4exp_dense.gguf");
   return path;
 }
 

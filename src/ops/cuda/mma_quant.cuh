@@ -144,7 +144,22 @@ struct ActTiles {
   const float* s;
   int64_t n_sb;  // superblocks a row
   int g, t;
+  // The lane's four 16-byte runs of tile `tile` (n-tile nt's superblock sb: nt * n_sb + sb) in
+  // one of the orders (q or q16).
+  __device__ __forceinline__ void runs(const int8_t* order, int64_t tile, int4 (&v)[4]) const {
+    const int8_t* p = order + tile * 2048 + g * 64 + t * 16;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] = *reinterpret_cast<const int4*>(p + 512 * c);
+  }
+  // Its block scales (or sums: from = s) of activation rows 2t and 2t + 1.
+  __device__ __forceinline__ void pair(const float* from, int64_t tile, float (&v0)[8],
+                                       float (&v1)[8]) const;
 };
+__device__ __forceinline__ void ActTiles::pair(const float* from, int64_t tile, float (&v0)[8],
+                                               float (&v1)[8]) const {
+  load8f(from + tile * 64 + 16 * t, v0);
+  load8f(from + tile * 64 + 16 * t + 8, v1);
+}
 __device__ __forceinline__ ActTiles act_tiles(const Acts& a, int g, int t) {
   return {a.tq, a.tq16, a.td, a.ts, a.in / kSuperElems, g, t};
 }
@@ -175,20 +190,15 @@ struct ActK32 {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int64_t tile = nt * at.n_sb + sb;
-      const int8_t* p = at.q + tile * 2048 + at.g * 64 + at.t * 16;
+      int4 v[4];
+      at.runs(at.q, tile, v);
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
-        const int4 v = *reinterpret_cast<const int4*>(p + 512 * jp);
-        q[nt][2 * jp] = uint2{uint32_t(v.x), uint32_t(v.y)};
-        q[nt][2 * jp + 1] = uint2{uint32_t(v.z), uint32_t(v.w)};
+        q[nt][2 * jp] = uint2{uint32_t(v[jp].x), uint32_t(v[jp].y)};
+        q[nt][2 * jp + 1] = uint2{uint32_t(v[jp].z), uint32_t(v[jp].w)};
       }
-      const int64_t ds = tile * 64 + 16 * at.t;
-      load8f(at.d + ds, xd0[nt]);
-      load8f(at.d + ds + 8, xd1[nt]);
-      if constexpr (MIN) {
-        load8f(at.s + ds, xs0[nt]);
-        load8f(at.s + ds + 8, xs1[nt]);
-      }
+      at.pair(at.d, tile, xd0[nt], xd1[nt]);
+      if constexpr (MIN) at.pair(at.s, tile, xs0[nt], xs1[nt]);
     }
   }
 };
@@ -219,18 +229,16 @@ struct ActK16 {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int64_t tile = nt * at.n_sb + sb;
-      const int8_t* p = at.q16 + tile * 2048 + at.g * 64 + at.t * 16;
+      int4 v[4];
+      at.runs(at.q16, tile, v);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int4 v = *reinterpret_cast<const int4*>(p + 512 * c);
-        q[nt][4 * c] = uint32_t(v.x);
-        q[nt][4 * c + 1] = uint32_t(v.y);
-        q[nt][4 * c + 2] = uint32_t(v.z);
-        q[nt][4 * c + 3] = uint32_t(v.w);
+        q[nt][4 * c] = uint32_t(v[c].x);
+        q[nt][4 * c + 1] = uint32_t(v[c].y);
+        q[nt][4 * c + 2] = uint32_t(v[c].z);
+        q[nt][4 * c + 3] = uint32_t(v[c].w);
       }
-      const int64_t ds = tile * 64 + 16 * at.t;
-      load8f(at.d + ds, xd0[nt]);
-      load8f(at.d + ds + 8, xd1[nt]);
+      at.pair(at.d, tile, xd0[nt], xd1[nt]);
     }
   }
 };
