@@ -83,6 +83,9 @@ int64_t padded_rows(int64_t rows) {
     if (rows <= r) return r;
   return (rows + 7) / 8 * 8;
 }
+// The tile orders exist for the tensor-core GEMV's row counts only (at most 64): prefill-sized
+// quantisations keep their workspace to the row-major copy.
+constexpr int64_t kMaxTiledRows = 64;
 QuantAct quant_act_at(void* workspace, int64_t rows, int64_t in) {
   if (!aligned(workspace, 16)) cuda_fail("matmul workspace {} is not 16-byte aligned", workspace);
   rows = padded_rows(rows);
@@ -105,7 +108,9 @@ bool tiles_on() {
 
 int64_t quant_act_bytes(int64_t rows, int64_t in) {
   rows = padded_rows(rows);
-  return 3 * align256(rows * in) + 4 * align256(rows * in / qb::kActBlock * 4);
+  const int64_t values = align256(rows * in), scales = align256(rows * in / qb::kActBlock * 4);
+  const int64_t tiles = rows > kMaxTiledRows ? 0 : 2 * values + 2 * scales;
+  return values + 2 * scales + tiles;
 }
 
 // Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
@@ -117,7 +122,7 @@ Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* w
   if (in % qb::kActBlock != 0) cuda_fail("matmul: in = {} is not a multiple of 32", in);
   if (workspace == nullptr) cuda_fail("matmul: quantised weights need a workspace");
   QuantAct qa = quant_act_at(workspace, rows, in);
-  tiles = tiles && in % (8 * qb::kActBlock) == 0 && tiles_on();
+  tiles = tiles && rows <= kMaxTiledRows && in % (8 * qb::kActBlock) == 0 && tiles_on();
   if (tiles) qa.tiles.nb = in / qb::kActBlock;
   const int64_t n_blocks = rows * in / qb::kActBlock;
   const int64_t n_padded = padded_rows(rows) * in / qb::kActBlock;
