@@ -354,19 +354,21 @@ TEST(CudaMatmulLaunchers, MmaGemvTwoTilesEqualOne) {
                               rng);
 }
 
-// Activations read in the tile order (the default for the k32 types) against the row-major reads
-// (QWENRT_CUDA_MMA_TILED=0): the same int8 values and the same sums in the same order, so equal to
-// 1e-6 of the largest output, for one to four n-tiles. The group's middle matrix is Q6_K, which
-// reads the row-major copy beside the tiles.
+// Activations read in the tile order (the default for Q4_K, Q5_K and Q6_K; Q8_0 with
+// QWENRT_CUDA_MMA_TILED=2) against the row-major reads (QWENRT_CUDA_MMA_TILED=0): the same int8
+// values and the same sums in the same order, so equal to 1e-6 of the largest output, for one to
+// four n-tiles. The group's middle matrix is Q6_K (its own k16 tile order).
 TEST(CudaMatmulLaunchers, MmaGemvTiledActsEqualRowMajor) {
   if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(27);
   const ResidentType types[] = {{DType::Q4_K, false, "Q4_K"},
                                 {DType::Q5_K, false, "Q5_K"},
                                 {DType::Q8_0, true, "Q8_0 superblocks"}};
-  for (const ResidentType& t : types)
-    expect_mma_settings_agree("QWENRT_CUDA_MMA_TILED", "1", "0", t, DType::Q6_K,
-                              {3, 8, 13, 16, 24, 32}, 1e-6f, rng);
+  for (const ResidentType& t : types) {
+    // Q8_0 reads the tile order only when asked (QWENRT_CUDA_MMA_TILED=2).
+    expect_mma_settings_agree("QWENRT_CUDA_MMA_TILED", t.type == DType::Q8_0 ? "2" : "1", "0", t,
+                              DType::Q6_K, {3, 8, 13, 16, 24, 32}, 1e-6f, rng);
+  }
 }
 
 }  // namespace

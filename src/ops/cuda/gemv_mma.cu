@@ -199,6 +199,13 @@ int two_m_tiles() {
   return v && v[0] == '1' ? 0 : v && v[0] == '2' ? 2 : 1;
 }
 
+// Whether Q8_0 superblocks read the tile order too (QWENRT_CUDA_MMA_TILED=2; a measurement knob:
+// by default they read row-major, measured faster on 5120-wide rows). Read per call.
+bool q8_0_tiles() {
+  const char* v = std::getenv("QWENRT_CUDA_MMA_TILED");
+  return v && v[0] == '2';
+}
+
 bool mma_fits(const MatArg& m, const Acts& a) {
   if (!mma_type_ok(m) || m.n_expert != 1 || a.in % kSuperElems != 0 || a.s == nullptr) return false;
   const int64_t need = m.dtype == DType::Q6_K ? 2 : 16;
@@ -224,8 +231,8 @@ bool launch_mma(Group g, int64_t n, const Acts& a, cudaStream_t stream) {
       };
       // False where there is no kernel: two m-tiles of Q6_K need the tile order.
       auto with_tl = [&]<int MT>() {
-        if constexpr (T::kTiles) {
-          if (a.tq != nullptr) {
+        if constexpr (T::kTiles || T::kK32) {
+          if (a.tq != nullptr && (T::kTiles || q8_0_tiles())) {
             launch.template operator()<MT, true>();
             return true;
           }
@@ -258,7 +265,8 @@ bool mma_rows(int64_t n) {
 
 bool mma_tiled(const Matrix& w) {
   bool tiles = false;
-  mmaq::with_type(w.dtype, w.q8_superblocks, [&]<class T>() { tiles = T::kTiles; });
+  mmaq::with_type(w.dtype, w.q8_superblocks,
+                  [&]<class T>() { tiles = T::kTiles || (T::kK32 && q8_0_tiles()); });
   return tiles && mma_kind(w);
 }
 

@@ -109,7 +109,7 @@ bool is_quantised(DType t);
 // ---- act_quant.cu ---------------------------------------------------------------------------
 // Quantises x [rows, in] into the workspace (when `needed`) and returns the activations a kernel
 // reads; with `tiles` (and in % 256 == 0) also in the tensor-core GEMV's tile order, unless
-// QWENRT_CUDA_MMA_TILED=0 (read per call).
+// QWENRT_CUDA_MMA_TILED=0 (read per call; =2 gives Q8_0 the tile order too).
 Acts prepare_acts(const float* x, int64_t rows, int64_t in, bool needed, void* workspace,
                   cudaStream_t stream, bool tiles = false);
 // Workspace bytes prepare_acts needs for `rows` rows of `in`.
