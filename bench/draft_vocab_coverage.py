@@ -6,12 +6,14 @@ share of a text's tokens below N bounds the acceptance a --draft-vocab N keeps (
 head's). Tokenizes each group of files with `qwenrt tokenize` (in pieces of at most 64 KB, split at
 line ends) and prints the share of tokens below each N, as a Markdown table.
 
-    python3 bench/draft_vocab_coverage.py QWENRT VOCAB.gguf
-    (VOCAB.gguf: llama.cpp's models/ggml-vocab-qwen35.gguf from the pinned llama-cpp-python sdist)
+    python3 bench/draft_vocab_coverage.py [QWENRT [VOCAB.gguf]]
+    (default build/qwenrt and llama.cpp's models/ggml-vocab-qwen35.gguf from the pinned
+    llama-cpp-python sdist, downloaded into build-llamacpp/ by tools/fixtures/llamacpp.py)
 """
 import glob
 import subprocess
 import sys
+from pathlib import Path
 
 LIMITS = [8192, 16384, 32768, 65536, 131072]
 GROUPS = {
@@ -47,7 +49,13 @@ def token_ids(binary, vocab, text):
 
 
 def main():
-    binary, vocab = sys.argv[1], sys.argv[2]
+    binary = sys.argv[1] if len(sys.argv) > 1 else "build/qwenrt"
+    if len(sys.argv) > 2:
+        vocab = sys.argv[2]
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools" / "fixtures"))
+        import llamacpp  # the pinned sdist (checked by its sha256)
+        vocab = str(llamacpp.ensure_sources(Path("build-llamacpp")) / "models" / "ggml-vocab-qwen35.gguf")
     print("| text | tokens | " + " | ".join(f"ids < {n:,}" for n in LIMITS) + " |")
     print("|---|---:|" + "---:|" * len(LIMITS))
     everything = []
