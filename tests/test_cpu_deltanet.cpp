@@ -17,6 +17,7 @@
 #include "ops/cpu/common.h"
 #include "ops/cpu/deltanet.h"
 #include "ops/ref/kernels.h"
+#include "support/op_data.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
@@ -38,12 +39,7 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   return rel_l2(a.data(), b.data(), std::min(a.size(), b.size()));
 }
 
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using testing_support::randn;
 
 ThreadPool& shared_pool() {
   static ThreadPool* pool = new ThreadPool(2);  // never destroyed: tests only need it alive

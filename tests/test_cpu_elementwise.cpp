@@ -14,6 +14,7 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/ref/kernels.h"
 #include "support/model_files.h"
+#include "support/op_data.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
@@ -24,12 +25,7 @@ std::string sci(double x) {
 
 using testing_support::rel_l2;
 
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using testing_support::randn;
 
 // Two threads, so the split paths run; built once and never destroyed (tests only need it alive).
 ThreadPool& shared_pool() {

@@ -17,6 +17,7 @@
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 #include "support/model_files.h"
+#include "support/op_data.h"
 
 namespace qwenrt::ops {
 namespace {
@@ -27,12 +28,7 @@ std::string sci(double x) {
 
 using testing_support::rel_l2;
 
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using testing_support::randn;
 
 // One backend for every test of this file, never destroyed (tearing a CUDA context down after
 // main returns is not worth the trouble); each test resets its workspace.

@@ -24,6 +24,7 @@
 #include "quant/quant.h"
 #include "support/engine_steps.h"
 #include "support/model_files.h"
+#include "support/op_data.h"
 #include "support/qwen4exp_fixture.h"
 
 namespace qwenrt {
@@ -34,21 +35,10 @@ using ops::Span;
 using ops::StepLayout;
 using testing_support::rel_l2;
 
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using testing_support::f32_weight;
+using testing_support::randn;
 std::vector<float> nans(size_t n) {
   return std::vector<float>(n, NAN);
-}
-
-Weight f32_weight(const std::vector<float>& data, std::vector<int64_t> ne, const char* name) {
-  std::array<int64_t, kMaxDims> dims{1, 1, 1, 1};
-  for (size_t i = 0; i < ne.size(); ++i) dims[i] = ne[i];
-  return Weight{name,
-                TensorView::contiguous(DType::F32, static_cast<int>(ne.size()), dims, data.data())};
 }
 
 // One backend for the stateless op tests, never destroyed (as test_cuda_elementwise.cpp); the

@@ -7,18 +7,14 @@
 
 #include "ops/ref/kernels.h"
 #include "support/model_files.h"
+#include "support/op_data.h"
 
 namespace qwenrt::ops::ref {
 namespace {
 
 using testing_support::rel_l2;
 
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using testing_support::randn;
 
 TEST(RefOps, RmsnormMatchesHandMath) {
   std::vector<float> x = {3, 4}, w = {1, 2}, out(2, NAN);

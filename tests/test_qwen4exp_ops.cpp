@@ -12,23 +12,13 @@
 
 #include "ops/cpu/qsa.h"
 #include "ops/ref/kernels.h"
+#include "support/op_data.h"
 
 namespace qwenrt::ops::ref {
 namespace {
 
-std::vector<float> randn(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-Weight f32_weight(const std::vector<float>& data, std::vector<int64_t> ne, const char* name) {
-  std::array<int64_t, kMaxDims> dims{1, 1, 1, 1};
-  for (size_t i = 0; i < ne.size(); ++i) dims[i] = ne[i];
-  return Weight{name,
-                TensorView::contiguous(DType::F32, static_cast<int>(ne.size()), dims, data.data())};
-}
+using testing_support::f32_weight;
+using testing_support::randn;
 
 double sigmoid(double x) {
   return 1.0 / (1.0 + std::exp(-x));

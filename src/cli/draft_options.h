@@ -1,8 +1,8 @@
 // `--draft none|ngram|mtp`, `--draft-max K`, `--draft-vocab N`, `--no-draft`: speculative decoding
 // (gen/draft.h), the same on every command that generates. The output is the same with or without
-// it. Without
-// --draft-max, MTP drafts the checkpoint's depth (gen/defaults.h, shown by `qwenrt info`) and the
-// n-gram drafter gen::kNgramDraftDepth.
+// it. Without --draft-max, MTP drafts the checkpoint's depth (gen/defaults.h, shown by `qwenrt
+// info`) and the n-gram drafter gen::kNgramDraftDepth; without --draft-vocab, MTP drafts among the
+// first gen::kMtpDraftVocab ids.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -157,19 +157,16 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   } else {
     fail("unknown backend '{}' (available: auto, cuda, cpu, ref)", options.backend);
   }
-  const bool on_cuda = std::string(ops_->name()) == "cuda";
-  if (on_cuda && config_.is_moe() && options.expert_cache_bytes > 0) {
-    // The cuda backend streams nothing: its error, before the weights are uploaded.
-    ops_->stream_experts(
-        {.files = {}, .budget_bytes = options.expert_cache_bytes, .slot_bytes = 0, .min_slots = 0});
-  }
+  // Before the weights are placed: a backend that streams nothing (cuda) refuses an explicit
+  // --expert-cache before it uploads anything.
+  setup_expert_streaming(options);
   if (ops_->copies_weights()) {
     uint64_t total = 0;
     for (const auto& t : file_.tensors()) total += t.n_bytes;
     ops_->set_place_progress(options.on_load_progress, total);
   }
   model_ = arch::make_model(file_, config_, *ops_);
-  if (config_.is_moe() && on_cuda) {
+  if (config_.is_moe() && std::string(ops_->name()) == "cuda") {
     // Streaming routed experts from the file is the cpu backend's (an explicit --expert-cache
     // fails in setup_expert_streaming); qwen4exp's PLE table alone stays in the mapped file.
     log(LogLevel::kInfo,
@@ -177,7 +174,6 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
         "file{}",
         config_.is_qwen4exp() ? " (the PLE n-gram rows are read from it on the host)" : "");
   }
-  setup_expert_streaming(options);
   if (options.prefault && !ops_->copies_weights()) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
   constexpr int kPageSize = 64;

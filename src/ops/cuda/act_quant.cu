@@ -37,7 +37,8 @@ struct Tiles {
 // terms of the tensor-core GEMV). n_blocks = n * in / 32 (rows are contiguous and in is a multiple
 // of 32, so a flat index is row-major). A NaN input gives a NaN scale, so it reaches the output as
 // the reference would.
-// Blocks from n_blocks to n_padded (the rows that pad the last 8-row tile) become zeros.
+// Blocks from n_blocks to n_padded (the zero rows padded_rows adds) become zeros; with tiles, each
+// block's values, scale and sum are also written in the tile orders.
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_blocks, int64_t n_padded,
                                    int8_t* __restrict__ q, float* __restrict__ d,
                                    float* __restrict__ s, Tiles tl) {

@@ -40,6 +40,11 @@ using namespace cuda::op_class;
 using cuda::PinnedBuffer;
 using cuda::round_up;
 
+// The head sizes attention.cu's kernels take (cuda_unsupported; QSA's dense path).
+bool attention_head_dim_ok(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
 bool env_flag(const char* name, bool fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -535,7 +540,7 @@ class CudaOps final : public Ops {
         fail("cuda backend: a QSA layer first seen inside a captured step");
       qsa_sparse_ = true;
     }
-    const bool dense = !qsa_sparse_ && ops::cuda_unsupported(a.attn.head_dim, 1).empty();
+    const bool dense = !qsa_sparse_ && attention_head_dim_ok(a.attn.head_dim);
     const int64_t ws = dense ? cuda::attention_workspace_bytes(step, a.attn.n_head, a.attn.head_dim)
                              : cuda::qsa_workspace_bytes(step, a);
     if (skip(ws)) return;
@@ -1003,7 +1008,7 @@ bool cuda_available() {
 
 std::string cuda_unsupported(int head_dim, int ssm_head_dim) {
   // The limits attention.cu and deltanet.cu check at every call.
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+  if (!attention_head_dim_ok(head_dim))
     return fmt::format("attention head_dim {} (the kernels take 64, 128 or 256)", head_dim);
   if (ssm_head_dim < 1 || ssm_head_dim > 256)
     return fmt::format("DeltaNet head_dim {} (the kernels take at most 256)", ssm_head_dim);

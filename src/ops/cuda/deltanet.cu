@@ -23,6 +23,7 @@
 #include <string>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/deltanet_chunked.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/warp.cuh"
@@ -34,10 +35,7 @@ __device__ __forceinline__ float silu(float x) {
   return x / (1.0f + expf(-x));
 }
 
-// The output gate of the gated norm: silu(z), or sigmoid(z) for qwen4exp (DeltaNetArgs).
-__device__ __forceinline__ float output_gate(float z, bool sigmoid_gate) {
-  return (sigmoid_gate ? 1.0f : z) / (1.0f + expf(-z));
-}
+using chunked::output_gate;  // the gated norm's silu(z), or sigmoid(z) for qwen4exp
 
 // ---- 1. conv1d + SiLU ----
 // Thread = channel, block = 128 channels x a tile of kConvRows consecutive rows (the rows of any

@@ -37,7 +37,8 @@ struct ChunkParams {
   bool sigmoid_gate;  // qwen4exp: the output gate is sigmoid(z), not silu(z)
 };
 
-// The gated norm's output gate: silu(z), or sigmoid(z) with sigmoid_gate.
+// The gated norm's output gate: silu(z), or sigmoid(z) with sigmoid_gate (qwen4exp); the
+// recurrent kernels of deltanet.cu use it too.
 __device__ __forceinline__ float output_gate(float z, bool sigmoid_gate) {
   return (sigmoid_gate ? 1.0f : z) / (1.0f + expf(-z));
 }

@@ -25,6 +25,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/spans.cuh"
 #include "ops/cuda/warp.cuh"
 
 namespace qwenrt::ops::cuda {
@@ -73,14 +74,6 @@ struct QsaKernelArgs {
 __device__ __forceinline__ int64_t page_row(const QsaKernelArgs& a, int slot, int64_t pos) {
   const int32_t page = a.page_tables[slot * a.page_table_stride + pos / a.page_size];
   return page < 0 ? -1 : int64_t{page} * a.page_size + pos % a.page_size;
-}
-
-// The index of the span holding row r (spans cover the rows in order).
-__device__ int span_index(const Span* spans, int n_spans, int64_t r) {
-  for (int s = 0; s < n_spans; ++s) {
-    if (r < int64_t{spans[s].begin} + spans[s].count) return s;
-  }
-  return n_spans - 1;
 }
 
 // An order-preserving map of fp32 scores to unsigned keys (larger score, larger key).

@@ -13,6 +13,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/spans.cuh"
 #include "ops/cuda/warp.cuh"
 
 namespace qwenrt::ops::cuda {
@@ -124,15 +125,6 @@ __device__ __forceinline__ float tap(const void* w, int dtype, int64_t i) {
   }
 }
 
-// The span that row r belongs to (spans cover the rows in order).
-__device__ Span span_of_row(const Span* spans, int n_spans, int64_t r) {
-  for (int s = 0; s < n_spans; ++s) {
-    const Span sp = spans[s];
-    if (r < int64_t{sp.begin} + sp.count) return sp;
-  }
-  return spans[n_spans - 1];
-}
-
 // Outputs: thread = channel, grid.y = rows (grid-stride). Row t of its span reads input
 // t - (K-1-k) * dilation: the span's rows, or the slot's history before them (hist rows, oldest
 // first). The history is only read here; ple_conv_state_kernel replaces it afterwards.
@@ -144,7 +136,7 @@ __global__ void ple_conv_kernel(const Span* spans, int n_spans, int64_t n, const
   if (c >= C) return;
   const int64_t hist = int64_t{K - 1} * dilation;
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
-    const Span sp = span_of_row(spans, n_spans, r);
+    const Span sp = spans[span_index(spans, n_spans, r)];
     const int64_t t = r - sp.begin;
     const float* state = conv_state + int64_t{sp.slot} * hist * C;
     float acc = 0;
