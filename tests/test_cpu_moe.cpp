@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "ops/cpu/isa.h"
 #include "ops/cpu/moe.h"
+#include "ops/cpu/repack.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
 #include "support/model_files.h"
@@ -66,6 +67,20 @@ using testing_support::rel_l2;
 // the same two inputs to Q8_K. A wrong row or a missed expert gives > 1e-1.
 constexpr double kTol = 3e-2;
 
+// The weights as the cpu backend places them: every repackable one in the panel layout
+// (repack.h), experts included.
+MoeWeights to_panels(const MoeWeights& w, std::vector<std::vector<uint8_t>>& store) {
+  MoeWeights out = w;
+  for (Weight* x : {&out.gate_exps, &out.up_exps, &out.gate_up_exps, &out.down_exps,
+                    &out.shared_gate, &out.shared_up, &out.shared_down}) {
+    if (!x->present() || !can_repack(x->view)) continue;
+    std::vector<uint8_t>& b = store.emplace_back(x->view.nb[2] * x->view.ne[2] + 64);
+    auto* at = b.data() + (64 - reinterpret_cast<uintptr_t>(b.data()) % 64) % 64;
+    x->view = repack_panels(x->view, at);
+  }
+  return out;
+}
+
 void check_case(const MoeCase& c) {
   std::mt19937 rng(99 + c.n_expert * 7 + c.k + (c.fused ? 1 : 0));
   const MoeModel m = make_model(c, rng);
@@ -89,6 +104,13 @@ void check_case(const MoeCase& c) {
                   c.fused ? "fused" : "separate", isa_name(isa), static_cast<long>(n), err);
     }
     set_isa_for_testing(detected_isa());
+    if (detected_isa() >= Isa::kAvx512) {
+      std::vector<std::vector<uint8_t>> store;
+      const MoeWeights panels = to_panels(m.w, store);
+      std::vector<float> got(n * c.dim, std::numeric_limits<float>::quiet_NaN());
+      moe_ffn(panels, x.data(), got.data(), n, c.n_expert, c.k, ctx);
+      EXPECT_LT(rel_l2(got, want), kTol) << "panel layout n=" << n;
+    }
   }
 }
 

@@ -1,7 +1,5 @@
 // Micro-benchmark of the CPU backend's matmul and fused MoE (not a test).
-// Build (scratch, from the repo root): make -C build-h1 -j2 bench  (build-h1/Makefile compiles
-// src/core, src/quant, src/ops/ref/kernels.cpp, the ops/cpu matmul files and this file at -O2).
-// Run: build-h1/bench [filter]
+// Build: ninja -C build cpu_matmul_bench. Run: build/cpu_matmul_bench [filter]
 // Prints the machine's read bandwidth (sum over 1 GiB, 1 and 2 threads), then GB/s of weight
 // bytes for GEMV (n = 1) and GMAC/s for GEMM (n = 512), with 1 and 2 threads.
 // Weights are random bytes (timing does not depend on the values).
@@ -9,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/moe.h"
+#include "ops/cpu/repack.h"
 
 using namespace qwenrt;
 using namespace qwenrt::ops::cpu;
@@ -61,6 +61,14 @@ Owned random_tensor(DType t, int64_t in, int64_t out, int64_t n_mat = 1) {
   const auto& tr = traits(t);
   o.bytes.resize(in / tr.block_elems * tr.block_bytes * out * n_mat);
   fill_random(o.bytes.data(), o.bytes.size(), in * 31 + out);
+  // Random fp16 scales can be NaN or subnormal (slow paths that real weights never take): set
+  // every block's scales to 2^-10 (0x1400).
+  const int scale_at[2] = {t == DType::Q6_K ? 208 : 0, t == DType::Q4_K || t == DType::Q5_K ? 2 : -1};
+  if (t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::Q8_0) {
+    for (size_t b = 0; b + tr.block_bytes <= o.bytes.size(); b += tr.block_bytes)
+      for (int at : scale_at)
+        if (at >= 0) o.bytes[b + at] = 0x00, o.bytes[b + at + 1] = 0x14;
+  }
   o.view = TensorView::contiguous(t, n_mat > 1 ? 3 : 2, {in, out, n_mat, 1}, o.bytes.data());
   return o;
 }
@@ -177,6 +185,31 @@ int main(int argc, char** argv) {
   }
   if (want("small")) {  // few tokens: where the panel path starts to pay
     for (int64_t n : {2, 4, 8, 16}) bench_matmul(DType::Q4_K, 2048, 8192, n);
+  }
+  if (want("rows")) {  // a speculative check's few rows: cost against one row, 2 threads
+    for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+      const int64_t in = 5120, out = std::getenv("BENCH_OUT") ? std::atoll(std::getenv("BENCH_OUT")) : 17408;
+      const Owned w = random_tensor(t, in, out);
+      ThreadPool pool(std::getenv("BENCH_T") ? std::atoi(std::getenv("BENCH_T")) : 2);
+      Scratch scratch;
+      Context ctx{pool, scratch};
+      std::vector<uint8_t> panels(w.bytes.size() + 64);
+      uint8_t* aligned = panels.data() + (64 - reinterpret_cast<uintptr_t>(panels.data()) % 64) % 64;
+      const TensorView pv = repack_panels(w.view, aligned);
+      for (const TensorView* v : {&w.view, &pv}) {
+        double one = 0;
+        for (int64_t n : {1, 2, 3, 4, 5, 6, 8, 12, 16}) {
+          std::vector<float> x(n * in), y(n * out);
+          for (size_t i = 0; i < x.size(); ++i)
+            x[i] = static_cast<float>((i * 7919) % 1000) / 500 - 1;
+          const double s = time_best([&] { matmul(*v, x.data(), y.data(), n, ctx); }, 0.5);
+          if (n == 1) one = s;
+          fmt::print("{:6} {:6} [{} x {}] n={:2} 2T: {:7.3f} ms  {:5.2f}x one row  {:6.1f} GB/s\n",
+                     dtype_name(t), v == &pv ? "panels" : "rows", in, out, n, s * 1e3, s / one,
+                     w.bytes.size() / s / 1e9);
+        }
+      }
+    }
   }
   if (want("moe")) {
     bench_moe(1);

@@ -53,7 +53,9 @@ class Ops {
   // default uses the mapped file's bytes as they are.
   virtual Weight place(const Weight& w) { return w; }
   // Whether place() copies weights into backend memory (then the engine reports load progress
-  // through it instead of prefaulting the mapped file): progress(bytes placed, total).
+  // through it instead of prefaulting the mapped file): progress(bytes placed, total). The engine
+  // calls set_place_progress before placing weights that lie in a read-only shared file mapping:
+  // the backend may then drop its mapping's pages of the weights it copied.
   virtual bool copies_weights() const { return false; }
   virtual void set_place_progress(std::function<void(uint64_t, uint64_t)> progress,
                                   uint64_t total_bytes) {

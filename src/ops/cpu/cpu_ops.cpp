@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/attention.h"
@@ -19,6 +21,7 @@
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/moe.h"
 #include "ops/cpu/qsa.h"
+#include "ops/cpu/repack.h"
 #include "ops/cpu/sampling.h"
 #include "ops/host_ops.h"
 #include "ops/ref/kernels.h"
@@ -108,9 +111,30 @@ class Arena {
   int64_t high_water_ = 0;
 };
 
+// The weights place() repacks: GGUF views of a type the panel kernels read (repack.h), except
+// the tables read by rows (token embeddings) and routed experts read from the file by the cache.
+bool is_row_table(const std::string& name) {
+  return name.find("token_embd") != std::string::npos;
+}
+bool is_routed_expert(const std::string& name) {
+  return name.find("_exps") != std::string::npos;
+}
+
+// QWENRT_CPU_REPACK=0 keeps the weights in the mapped file as GGUF rows (for measurements).
+bool repack_enabled() {
+  const char* v = std::getenv("QWENRT_CPU_REPACK");
+  return !(v && std::string(v) == "0");
+}
+
 class CpuOps final : public HostOps {
  public:
-  explicit CpuOps(int n_threads) : pool_(n_threads > 0 ? n_threads : physical_cores()) {}
+  explicit CpuOps(int n_threads)
+      : pool_(n_threads > 0 ? n_threads : physical_cores()), repack_(repack_enabled()) {}
+  ~CpuOps() override {
+    for (void* p : placed_) std::free(p);
+  }
+  CpuOps(const CpuOps&) = delete;
+  CpuOps& operator=(const CpuOps&) = delete;
   static constexpr int64_t kPrefetchRows = 4;
   // QWENRT_EXPERT_POLICY=lfu: least often used instead of least recently used (measured in
   // bench/results/cpu-expert-stream.md).
@@ -229,6 +253,34 @@ class CpuOps final : public HostOps {
     cpu::moe_ffn(w, x, out, n, n_expert, k, ctx, experts_.get());
   }
 
+  // Matmul weights move into backend memory in the panel layout (repack.h); the mapped pages
+  // they came from are released (the page cache keeps them, this process no longer maps them),
+  // so the resident set holds one copy. Everything else stays in the mapped file.
+  Weight place(const Weight& w) override {
+    const int64_t bytes = w.view.nb[2] * w.view.ne[2];
+    Weight out = w;
+    if (repack_ && !is_row_table(w.name) && !(experts_ && is_routed_expert(w.name)) &&
+        cpu::can_repack(w.view)) {
+      auto* dst = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+      if (!dst) fail("cpu backend: out of memory placing {} ({} bytes)", w.name, bytes);
+      placed_.push_back(dst);
+      pool_.run(pool_.size(), [&](int p, int np) { cpu::write_panels(w.view, dst, p, np); });
+      out.view = cpu::panel_view(w.view, dst);
+      if (weights_mapped_) release_mapped(w.view.data, bytes);
+    }
+    // Progress over every weight the model takes (the others stay where they are).
+    placed_bytes_ = std::min(place_total_, placed_bytes_ + static_cast<uint64_t>(bytes));
+    if (place_progress_) place_progress_(placed_bytes_, place_total_);
+    return out;
+  }
+  bool copies_weights() const override { return repack_; }
+  void set_place_progress(std::function<void(uint64_t, uint64_t)> progress,
+                          uint64_t total_bytes) override {
+    place_progress_ = std::move(progress);
+    place_total_ = total_bytes;
+    weights_mapped_ = true;  // the engine's weights: a shared, read-only file mapping
+  }
+
   void stream_experts(const ExpertStreaming& c) override {
     experts_ = std::make_unique<cpu::ExpertCache>(c.files, c.budget_bytes, c.slot_bytes,
                                                   c.min_slots, expert_policy());
@@ -254,7 +306,20 @@ class CpuOps final : public HostOps {
   }
 
  private:
+  // Drops the whole pages of [p, p + bytes) from this process's mapping of the file.
+  static void release_mapped(const void* p, int64_t bytes) {
+    const uintptr_t page = 4096, begin = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t first = (begin + page - 1) / page * page;
+    const uintptr_t last = (begin + static_cast<uintptr_t>(bytes)) / page * page;
+    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+
   ThreadPool pool_;
+  const bool repack_;
+  std::vector<void*> placed_;  // repacked weights
+  uint64_t placed_bytes_ = 0, place_total_ = 0;
+  bool weights_mapped_ = false;  // release_mapped() may drop the source pages
+  std::function<void(uint64_t, uint64_t)> place_progress_;
   Arena arena_;
   cpu::Scratch scratch_;
   std::unique_ptr<cpu::ExpertCache> experts_;  // streamed routed experts (stream_experts)

@@ -71,7 +71,7 @@ void matmul_rows(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct&
   const Isa isa = active_isa();
   const int64_t in = w.ne[0];
   if (act_format(w.dtype) != ActFormat::kF32) {
-    if (gemm_eligible(w.dtype, act.n, isa)) {
+    if (w.layout == Layout::kPanels16 || gemm_eligible(w.dtype, act.n, isa)) {
       gemm_rows(w, r0, r1, act, y, ldy, tmp);
       return;
     }
@@ -113,8 +113,9 @@ void matmul(const TensorView& w, const float* x, float* y, int64_t n, Context& c
   });
   const PreparedAct pa{act, rb, n};
   const int64_t units = (out + kRowAlign - 1) / kRowAlign;
-  if (n_threads > 1 && !gemm_eligible(w.dtype, n, active_isa()) &&
-      units >= kGemvChunksPerThread * n_threads) {
+  const bool streamed = w.layout == Layout::kPanels16 ? n <= kPanelStreamTokens
+                                                      : !gemm_eligible(w.dtype, n, active_isa());
+  if (n_threads > 1 && streamed && units >= kGemvChunksPerThread * n_threads) {
     // GEMV: memory-bound, and one core's share of the bandwidth moves from moment to moment, so
     // equal halves finish apart (the other core spins). Rows go out in chunks from a shared
     // counter instead; the last chunk bounds the imbalance.

@@ -9,10 +9,14 @@
 // -32) that multiply the activation block sums; the two fp32 super-block scales. Then
 //   y[r, t] += da_t * (dA[r] * sum_s sc[s][r] * (q . a)_s - dB[r] * sum_p c[p][r] . bsums_t[p]).
 // All sums are exact in int32 (|q . a| over a sub-block <= 32 * 63 * 128).
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
+#include "core/error.h"
 #include "ops/cpu/matmul_gemm.h"
 #include "ops/cpu/quant_dot.h"
+#include "ops/cpu/repack.h"
 #include "quant/quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -34,7 +38,6 @@
 namespace qwenrt::ops::cpu {
 namespace {
 
-constexpr int kPanelRows = 16;
 constexpr int kTileTokens = 8;
 
 struct PanelBlock {
@@ -61,15 +64,38 @@ inline __m512 halves_to_f32(__m512i v, bool hi) {
   return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hi ? _mm512_srli_epi32(v, 16) : v));
 }
 
+// Where the unpacking reads a block of 16 rows from: src.dw(o) is the 4 bytes at byte o of each
+// row's block (lane r: row r), src.f16(o) the fp16 at byte o as fp32.
+// GGUF rows: gathers, lane r reading base + row_off[r].
+struct RowSource {
+  const uint8_t* base;
+  __m512i off;
+  __m512i dw(int o) const { return gather(base, off, o); }
+  // The word ending at o + 2 for o > 0 (Q6_K's d is the block's last two bytes).
+  __m512 f16(int o) const {
+    return o == 0 ? halves_to_f32(gather(base, off, 0), false)
+                  : halves_to_f32(gather(base, off, o - 2), true);
+  }
+};
+// A record of the panel layout (repack.h): plain loads.
+struct PanelSource {
+  const uint8_t* rec;
+  PanelFormat f;
+  __m512i dw(int o) const { return _mm512_loadu_si512(rec + (o - f.dw_begin) / 4 * 64); }
+  __m512 f16(int) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + f.n_dw * 64)));
+  }
+};
+
 // Q4_K / Q5_K: scales per 32 values (ggml's utmp unpacking, in vectors); offset = dmin * m_j.
-template <bool kFifthBit>
-void unpack_q45_k(const uint8_t* base, __m512i off, PanelBlock& p) {
-  const __m512i dd = gather(base, off, 0);
+template <bool kFifthBit, class Src>
+void unpack_q45_k(const Src& src, PanelBlock& p) {
+  const __m512i dd = src.dw(0);
   _mm512_store_ps(p.da, halves_to_f32(dd, false));
   _mm512_store_ps(p.db, halves_to_f32(dd, true));
   const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
                 k3 = _mm512_set1_epi32(0x03030303);
-  const __m512i u0 = gather(base, off, 4), u1 = gather(base, off, 8), u2 = gather(base, off, 12);
+  const __m512i u0 = src.dw(4), u1 = src.dw(8), u2 = src.dw(12);
   const __m512i m47 =
       _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
@@ -86,11 +112,11 @@ void unpack_q45_k(const uint8_t* base, __m512i off, PanelBlock& p) {
   const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), m1 = _mm512_set1_epi32(0x01010101);
   __m512i qh[8];
   if constexpr (kFifthBit)
-    for (int g = 0; g < 8; ++g) qh[g] = gather(base, off, 16 + 4 * g);
+    for (int g = 0; g < 8; ++g) qh[g] = src.dw(16 + 4 * g);
   const int qs = kFifthBit ? 48 : 16;
   for (int c = 0; c < 4; ++c) {
     for (int g = 0; g < 8; ++g) {
-      const __m512i v = gather(base, off, qs + 32 * c + 4 * g);
+      const __m512i v = src.dw(qs + 32 * c + 4 * g);
       __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), m4);
       if constexpr (kFifthBit) {
         lo = _mm512_or_si512(
@@ -105,14 +131,14 @@ void unpack_q45_k(const uint8_t* base, __m512i off, PanelBlock& p) {
 }
 
 // Q6_K: signed scales per 16 values; offset = d * 32 * sc_j.
-void unpack_q6_k(const uint8_t* base, __m512i off, PanelBlock& p) {
-  // d sits at bytes 208..209 of the 210-byte block: read 206..209 (never past the block).
-  const __m512 d = halves_to_f32(gather(base, off, 206), true);
+template <class Src>
+void unpack_q6_k(const Src& src, PanelBlock& p) {
+  const __m512 d = src.f16(208);
   _mm512_store_ps(p.da, d);
   _mm512_store_ps(p.db, d);
   __m512i sc[16];
   for (int w4 = 0; w4 < 4; ++w4) {
-    const __m512i v = gather(base, off, 192 + 4 * w4);
+    const __m512i v = src.dw(192 + 4 * w4);
     for (int b = 0; b < 4; ++b)
       sc[4 * w4 + b] = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * b), 24);
   }
@@ -124,9 +150,9 @@ void unpack_q6_k(const uint8_t* base, __m512i off, PanelBlock& p) {
   const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), m2 = _mm512_set1_epi32(0x03030303);
   for (int h = 0; h < 2; ++h) {
     for (int lg = 0; lg < 8; ++lg) {
-      const __m512i l0 = gather(base, off, 64 * h + 4 * lg);
-      const __m512i l1 = gather(base, off, 64 * h + 32 + 4 * lg);
-      const __m512i hb = gather(base, off, 128 + 32 * h + 4 * lg);
+      const __m512i l0 = src.dw(64 * h + 4 * lg);
+      const __m512i l1 = src.dw(64 * h + 32 + 4 * lg);
+      const __m512i hb = src.dw(128 + 32 * h + 4 * lg);
       const __m512i lows[4] = {_mm512_and_si512(l0, m4), _mm512_and_si512(l1, m4),
                                _mm512_and_si512(_mm512_srli_epi32(l0, 4), m4),
                                _mm512_and_si512(_mm512_srli_epi32(l1, 4), m4)};
@@ -135,6 +161,18 @@ void unpack_q6_k(const uint8_t* base, __m512i off, PanelBlock& p) {
         _mm512_store_si512(p.q[32 * h + 8 * q + lg], _mm512_or_si512(lows[q], hi));
       }
     }
+  }
+}
+
+template <class Src>
+void unpack_block(DType type, const Src& src, PanelBlock& p) {
+  switch (type) {
+    case DType::Q4_K:
+      return unpack_q45_k<false>(src, p);
+    case DType::Q5_K:
+      return unpack_q45_k<true>(src, p);
+    default:
+      return unpack_q6_k(src, p);
   }
 }
 
@@ -151,7 +189,8 @@ void tile_kernel(const PanelBlock* panel, int64_t nb, const uint8_t* act, int64_
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const BlockQ8K*>(act + t * act_stride);
   __m512 fsum[T];
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) fsum[t] = _mm512_setzero_ps();
+  for (int t = 0; t < T; ++t)
+    fsum[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const PanelBlock& P = panel[b];
     __m512i isum[T];
@@ -235,18 +274,19 @@ struct Panel32 {
 };
 static_assert(sizeof(Panel32) % 64 == 0);
 
-void unpack_q8_0(const uint8_t* base, __m512i off, Panel32& p) {
-  _mm512_store_ps(p.d, halves_to_f32(gather(base, off, 0), false));
+template <class Src>
+void unpack_q8_0(const Src& src, Panel32& p) {
+  _mm512_store_ps(p.d, src.f16(0));
   const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
-  for (int g = 0; g < 8; ++g)
-    _mm512_store_si512(p.q[g], _mm512_xor_si512(gather(base, off, 2 + 4 * g), flip));
+  for (int g = 0; g < 8; ++g) _mm512_store_si512(p.q[g], _mm512_xor_si512(src.dw(2 + 4 * g), flip));
 }
 
-void unpack_q4_0(const uint8_t* base, __m512i off, Panel32& p) {
-  _mm512_store_ps(p.d, halves_to_f32(gather(base, off, 0), false));
+template <class Src>
+void unpack_q4_0(const Src& src, Panel32& p) {
+  _mm512_store_ps(p.d, src.f16(0));
   const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
   for (int g = 0; g < 4; ++g) {
-    const __m512i v = gather(base, off, 2 + 4 * g);  // values 4g.. (low), 16 + 4g.. (high)
+    const __m512i v = src.dw(2 + 4 * g);  // values 4g.. (low), 16 + 4g.. (high)
     _mm512_store_si512(p.q[g], _mm512_and_si512(v, m4));
     _mm512_store_si512(p.q[4 + g], _mm512_and_si512(_mm512_srli_epi32(v, 4), m4));
   }
@@ -260,7 +300,8 @@ void tile_kernel32(const Panel32* panel, int64_t nb, const uint8_t* act, int64_t
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const BlockQ8_32*>(act + t * act_stride);
   __m512 fsum[T];
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) fsum[t] = _mm512_setzero_ps();
+  for (int t = 0; t < T; ++t)
+    fsum[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const Panel32& P = panel[b];
     __m512i acc[T];
@@ -322,7 +363,7 @@ __m512i row_offsets(const TensorView& w, int rows, int32_t* offs) {
 void prefetch_next(const uint8_t* blk, const int32_t* offs, int64_t block_bytes) {
   for (int rr = 0; rr < kPanelRows; ++rr)
     for (int64_t line = 0; line < block_bytes; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(blk + offs[rr] + block_bytes + line), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(blk + offs[rr] + block_bytes + line), _MM_HINT_T1);
 }
 
 void gemm_rows32(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct& act, float* y,
@@ -339,10 +380,11 @@ void gemm_rows32(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct&
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = base + b * block_bytes;
       if (b + 1 < nb && b % 2 == 0) prefetch_next(blk, offs, 2 * block_bytes);
+      const RowSource src{blk, off};
       if (q8) {
-        unpack_q8_0(blk, off, panel[b]);
+        unpack_q8_0(src, panel[b]);
       } else {
-        unpack_q4_0(blk, off, panel[b]);
+        unpack_q4_0(src, panel[b]);
       }
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
@@ -350,6 +392,320 @@ void gemm_rows32(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct&
       const int T = static_cast<int>(std::min<int64_t>(kTileTokens, act.n - t0));
       run_tile32(T, panel, nb, act.data + t0 * act.stride, act.stride, y + t0 * ldy + (pr - r0),
                  ldy, mask, q8 ? 128 : 8);
+    }
+  }
+}
+
+// ---- Few tokens on panel-layout Q4_K / Q6_K / Q8_0: decode and multiply in registers ----
+// The same sums as unpack + tile_kernel, rounded in the same order (a token's result is the same
+// in a batch of any size), without the unpacked panel's round trip through L1:
+// each loaded word of 16 rows becomes its int8 codes and meets T <= 4 broadcast activation
+// groups at once. Records are read once per pass, prefetched into L2 ahead of use (into L1 they
+// would evict the activations).
+constexpr int kFusedTokens = 4;
+constexpr int64_t kRecordAhead = 8192;
+
+inline void prefetch_record(const uint8_t* rec, int64_t record) {
+  for (int64_t line = 0; line < record; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(rec) + kRecordAhead + line, _MM_HINT_T1);
+}
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+inline __m512i load_word(const uint8_t* rec, int w) {
+  return _mm512_loadu_si512(rec + 64 * w);
+}
+
+template <int T>
+void fused_q4_k(const uint8_t* records, int64_t nb, const uint8_t* act, int64_t act_stride,
+                float* y, int64_t ldy, __mmask16 mask) {
+  constexpr int64_t kRecord = kPanelRows * 144;
+  const BlockQ8K* a[T];
+  __m512 fsum[T];
+  for (int t = 0; t < T; ++t) {
+    a[t] = reinterpret_cast<const BlockQ8K*>(act + t * act_stride);
+    fsum[t] = _mm512_setzero_ps();
+  }
+  const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F);
+  const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f),
+                k3 = _mm512_set1_epi32(0x03030303);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* rec = records + b * kRecord;
+    prefetch_record(rec, kRecord);
+    const __m512i dd = load_word(rec, 0);
+    const __m512i u0 = load_word(rec, 1), u1 = load_word(rec, 2), u2 = load_word(rec, 3);
+    const __m512i m47 =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+    const __m512i m03 = _mm512_and_si512(u1, k1);
+    const __m512i s47 =
+        _mm512_or_si512(_mm512_and_si512(u2, k2),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
+    const __m512i s03 = _mm512_and_si512(u0, k1);
+    __m512i isum[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m512i lo_acc[T], hi_acc[T];
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) lo_acc[t] = hi_acc[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const __m512i v = load_word(rec, 4 + 8 * c + g);
+        const __m512i lo = _mm512_and_si512(v, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), m4);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) {
+          lo_acc[t] = _mm512_dpbusd_epi32(lo_acc[t], lo, bcast4(a[t][b].qs + 64 * c + 4 * g));
+          hi_acc[t] = _mm512_dpbusd_epi32(hi_acc[t], hi, bcast4(a[t][b].qs + 64 * c + 32 + 4 * g));
+        }
+      }
+      const __m512i sc_src = c < 2 ? s03 : s47;
+      const __m512i sl = bytes_of(sc_src, (2 * c) % 4), sh = bytes_of(sc_src, (2 * c + 1) % 4);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t)
+        isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo_acc[t], sl),
+                                                             _mm512_mullo_epi32(hi_acc[t], sh)));
+    }
+    const __m512 da = halves_to_f32(dd, false), db = halves_to_f32(dd, true);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      __m512i osum = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512i m = bytes_of(j < 4 ? m03 : m47, j % 4);
+        int32_t bs;
+        std::memcpy(&bs, a[t][b].bsums + 2 * j, 4);
+        osum = _mm512_dpwssd_epi32(osum, _mm512_or_si512(m, _mm512_slli_epi32(m, 16)),
+                                   _mm512_set1_epi32(bs));
+      }
+      const __m512 dt = _mm512_set1_ps(a[t][b].d);
+      fsum[t] = _mm512_fmadd_ps(_mm512_mul_ps(da, dt), _mm512_cvtepi32_ps(isum[t]), fsum[t]);
+      fsum[t] = _mm512_fnmadd_ps(_mm512_mul_ps(db, dt), _mm512_cvtepi32_ps(osum), fsum[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, fsum[t]);
+}
+
+// Q6_K: group (h, q, lg) holds values 128h + 32q + 4lg .. + 3, sub-block 8h + 2q + lg / 4.
+template <int T>
+void fused_q6_k(const uint8_t* records, int64_t nb, const uint8_t* act, int64_t act_stride,
+                float* y, int64_t ldy, __mmask16 mask) {
+  constexpr int64_t kRecord = kPanelRows * 210;
+  const BlockQ8K* a[T];
+  __m512 fsum[T];
+  for (int t = 0; t < T; ++t) {
+    a[t] = reinterpret_cast<const BlockQ8K*>(act + t * act_stride);
+    fsum[t] = _mm512_setzero_ps();
+  }
+  const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), m2 = _mm512_set1_epi32(0x03030303);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* rec = records + b * kRecord;
+    prefetch_record(rec, kRecord);
+    alignas(64) int32_t sc[16][kPanelRows];
+    for (int w4 = 0; w4 < 4; ++w4) {
+      const __m512i v = load_word(rec, 48 + w4);
+      for (int k = 0; k < 4; ++k)
+        _mm512_store_si512(sc[4 * w4 + k], _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * k), 24));
+    }
+    __m512i isum[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        __m512i acc[4][T];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 4
+          for (int t = 0; t < T; ++t) acc[q][t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int l = 0; l < 4; ++l) {
+          const int lg = 4 * half + l;
+          const __m512i l0 = load_word(rec, 16 * h + lg), l1 = load_word(rec, 16 * h + 8 + lg);
+          const __m512i hb = load_word(rec, 32 + 8 * h + lg);
+          const __m512i lows[4] = {_mm512_and_si512(l0, m4), _mm512_and_si512(l1, m4),
+                                   _mm512_and_si512(_mm512_srli_epi32(l0, 4), m4),
+                                   _mm512_and_si512(_mm512_srli_epi32(l1, 4), m4)};
+#pragma GCC unroll 4
+          for (int q = 0; q < 4; ++q) {
+            const __m512i wv = _mm512_or_si512(
+                lows[q], _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hb, 2 * q), m2), 4));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; ++t)
+              acc[q][t] = _mm512_dpbusd_epi32(acc[q][t], wv,
+                                              bcast4(a[t][b].qs + 128 * h + 32 * q + 4 * lg));
+          }
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+          const __m512i scv = _mm512_load_si512(sc[8 * h + 2 * q + half]);
+#pragma GCC unroll 4
+          for (int t = 0; t < T; ++t)
+            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(acc[q][t], scv));
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 52 * 64)));
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      // The -32 offset: 32 * sum_s sc_s * bsum_s.
+      __m512i osum = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int p = 0; p < 8; ++p) {
+        const __m512i lo = _mm512_and_si512(_mm512_slli_epi32(_mm512_load_si512(sc[2 * p]), 5),
+                                            _mm512_set1_epi32(0xFFFF));
+        const __m512i cv =
+            _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_load_si512(sc[2 * p + 1]), 21));
+        int32_t bs;
+        std::memcpy(&bs, a[t][b].bsums + 2 * p, 4);
+        osum = _mm512_dpwssd_epi32(osum, cv, _mm512_set1_epi32(bs));
+      }
+      // As tile_kernel rounds (so a token's result does not depend on the batch's size).
+      const __m512 dt = _mm512_mul_ps(d, _mm512_set1_ps(a[t][b].d));
+      fsum[t] = _mm512_fmadd_ps(dt, _mm512_cvtepi32_ps(isum[t]), fsum[t]);
+      fsum[t] = _mm512_fnmadd_ps(dt, _mm512_cvtepi32_ps(osum), fsum[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, fsum[t]);
+}
+
+// Q8_0: the codes made unsigned (q + 128, a sign-bit flip), the 128 taken off with the block sum.
+template <int T>
+void fused_q8_0(const uint8_t* records, int64_t nb, const uint8_t* act, int64_t act_stride,
+                float* y, int64_t ldy, __mmask16 mask) {
+  constexpr int64_t kRecord = kPanelRows * 34;
+  const BlockQ8_32* a[T];
+  __m512 fsum[T];
+  for (int t = 0; t < T; ++t) {
+    a[t] = reinterpret_cast<const BlockQ8_32*>(act + t * act_stride);
+    fsum[t] = _mm512_setzero_ps();
+  }
+  const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* rec = records + b * kRecord;
+    if (b % 4 == 0) prefetch_record(rec, 4 * kRecord);
+    __m512i acc[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m512i wv = _mm512_xor_si512(load_word(rec, g), flip);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t)
+        acc[t] = _mm512_dpbusd_epi32(acc[t], wv, bcast4(a[t][b].qs + 4 * g));
+    }
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 8 * 64)));
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m512i v = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(128 * a[t][b].sum));
+      fsum[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[t][b].d)), _mm512_cvtepi32_ps(v),
+                                fsum[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, fsum[t]);
+}
+
+template <template <int> class Kernel>
+void run_fused(int T, const uint8_t* records, int64_t nb, const uint8_t* act, int64_t stride,
+               float* y, int64_t ldy, __mmask16 mask) {
+  switch (T) {
+    case 4:
+      return Kernel<4>::run(records, nb, act, stride, y, ldy, mask);
+    case 3:
+      return Kernel<3>::run(records, nb, act, stride, y, ldy, mask);
+    case 2:
+      return Kernel<2>::run(records, nb, act, stride, y, ldy, mask);
+    default:
+      return Kernel<1>::run(records, nb, act, stride, y, ldy, mask);
+  }
+}
+template <int T>
+struct FusedQ4K {
+  static void run(const uint8_t* r, int64_t nb, const uint8_t* a, int64_t s, float* y, int64_t l,
+                  __mmask16 m) {
+    fused_q4_k<T>(r, nb, a, s, y, l, m);
+  }
+};
+template <int T>
+struct FusedQ6K {
+  static void run(const uint8_t* r, int64_t nb, const uint8_t* a, int64_t s, float* y, int64_t l,
+                  __mmask16 m) {
+    fused_q6_k<T>(r, nb, a, s, y, l, m);
+  }
+};
+
+template <int T>
+struct FusedQ8_0 {
+  static void run(const uint8_t* r, int64_t nb, const uint8_t* a, int64_t s, float* y, int64_t l,
+                  __mmask16 m) {
+    fused_q8_0<T>(r, nb, a, s, y, l, m);
+  }
+};
+
+// Rows [r0, r1) of a panel-layout weight (repack.h), r0 a multiple of 16. Up to
+// kPanelStreamTokens tokens (decode, checks, small expert groups) the fused kernels stream the
+// records in passes of 4 tokens; more tokens unpack each panel with plain loads (instead of the
+// row layout's gathers) and take it in tiles of 8.
+void gemm_panels(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct& act, float* y,
+                 int64_t ldy, ScratchBuffer& tmp) {
+  if (r0 % kPanelRows != 0) fail("cpu matmul: panel rows start at {}, not a panel", r0);
+  const PanelFormat f = panel_format(w.dtype);
+  const auto& tr = traits(w.dtype);
+  const int64_t nb = w.ne[0] / tr.block_elems;
+  const int64_t record = kPanelRows * tr.block_bytes;
+  const bool q8 = w.dtype == DType::Q8_0;
+  const bool fused = act.n <= kPanelStreamTokens;
+  PanelBlock* panel = fused || q8 ? nullptr : tmp.get<PanelBlock>(static_cast<size_t>(nb));
+  Panel32* panel32 = fused || !q8 ? nullptr : tmp.get<Panel32>(static_cast<size_t>(nb));
+  for (int64_t pr = r0; pr < r1; pr += kPanelRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - pr));
+    const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+    const uint8_t* records = static_cast<const uint8_t*>(w.data) + pr * w.nb[1];
+    if (fused) {
+      for (int64_t t0 = 0; t0 < act.n; t0 += kFusedTokens) {
+        const int T = static_cast<int>(std::min<int64_t>(kFusedTokens, act.n - t0));
+        const uint8_t* a = act.data + t0 * act.stride;
+        float* yt = y + t0 * ldy + (pr - r0);
+        switch (w.dtype) {
+          case DType::Q4_K:
+            run_fused<FusedQ4K>(T, records, nb, a, act.stride, yt, ldy, mask);
+            break;
+          case DType::Q6_K:
+            run_fused<FusedQ6K>(T, records, nb, a, act.stride, yt, ldy, mask);
+            break;
+          default:
+            run_fused<FusedQ8_0>(T, records, nb, a, act.stride, yt, ldy, mask);
+            break;
+        }
+      }
+      continue;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* rec = records + b * record;
+      prefetch_record(rec, record);
+      if (q8) {
+        unpack_q8_0(PanelSource{rec, f}, panel32[b]);
+      } else {
+        unpack_block(w.dtype, PanelSource{rec, f}, panel[b]);
+      }
+    }
+    for (int64_t t0 = 0; t0 < act.n; t0 += kTileTokens) {
+      const int T = static_cast<int>(std::min<int64_t>(kTileTokens, act.n - t0));
+      const uint8_t* a = act.data + t0 * act.stride;
+      float* yt = y + t0 * ldy + (pr - r0);
+      if (q8) {
+        run_tile32(T, panel32, nb, a, act.stride, yt, ldy, mask, 128);
+      } else if (w.dtype == DType::Q6_K) {
+        run_tile<4>(T, panel, nb, a, act.stride, yt, ldy, mask);
+      } else {
+        run_tile<8>(T, panel, nb, a, act.stride, yt, ldy, mask);
+      }
     }
   }
 }
@@ -364,6 +720,10 @@ bool gemm_eligible(DType type, int64_t n_tokens, Isa isa) {
 
 void gemm_rows(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct& act, float* y,
                int64_t ldy, ScratchBuffer& tmp) {
+  if (w.layout == Layout::kPanels16) {
+    gemm_panels(w, r0, r1, act, y, ldy, tmp);
+    return;
+  }
   if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0) {
     gemm_rows32(w, r0, r1, act, y, ldy, tmp);
     return;
@@ -381,17 +741,7 @@ void gemm_rows(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct& a
       const uint8_t* blk = base + b * block_bytes;
       // The gathers touch 16 rows' blocks at once: prefetch the next block of each row.
       if (b + 1 < nb) prefetch_next(blk, offs, block_bytes);
-      switch (w.dtype) {
-        case DType::Q4_K:
-          unpack_q45_k<false>(blk, off, panel[b]);
-          break;
-        case DType::Q5_K:
-          unpack_q45_k<true>(blk, off, panel[b]);
-          break;
-        default:
-          unpack_q6_k(blk, off, panel[b]);
-          break;
-      }
+      unpack_block(w.dtype, RowSource{blk, off}, panel[b]);
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
     for (int64_t t0 = 0; t0 < act.n; t0 += kTileTokens) {

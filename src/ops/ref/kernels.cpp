@@ -24,6 +24,9 @@ float softplus(float x) {
 
 // A weight row dequantised to fp32.
 void weight_row(const Weight& w, int64_t row, float* dst) {
+  if (w.view.layout != Layout::kRows)
+    fail("{}: the reference kernels read a weight as GGUF rows, not a backend's repacked form",
+         w.name);
   quant::dequantize(w.view.dtype, w.view.row(row), dst, w.view.ne[0], w.name);
 }
 
