@@ -352,6 +352,8 @@ TEST_P(DraftMtpTest, MixedWithSequencesThatDoNotDraftAndWithLimits) {
 // 248,320 ids are where the head's size matters).
 TEST_P(DraftMtpTest, GreedyOutputIsTheSameWithADraftVocabulary) {
   MatmulIsaCap cap;
+  // Loaded under the cap as the second engine is (the placed weight layout follows the level).
+  engine_ = load(kRoot + GetParam().file, GetParam().backend);
   const auto seqs = prompts(ref() ? 40 : 150, 0.0f);
   const auto plain = run(seqs, {});
   const auto full = run(seqs, mtp(3));
