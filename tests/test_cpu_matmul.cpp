@@ -9,15 +9,16 @@
 #include <random>
 #include <vector>
 
-#include "core/thread_pool.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "ops/cpu/isa.h"
-#include "ops/cpu/matmul_gemm.h"
 #include "ops/cpu/matmul.h"
+#include "ops/cpu/matmul_gemm.h"
 #include "ops/cpu/repack.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
 #include "support/model_files.h"
+#include "support/weights.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
@@ -166,17 +167,7 @@ INSTANTIATE_TEST_SUITE_P(DequantisedTypes, CpuMatmul,
 // reference on every batch size of the fused few-token kernels (1..8, in passes of 4) and of the
 // tiles (9, 17, 63), on a prefix of the rows that ends inside a panel, and bit for bit against
 // the row layout's panel GEMM where both unpack the same codes into the same tiles (n > 8).
-struct PanelWeight {
-  std::vector<uint8_t> bytes;
-  TensorView view;
-};
-PanelWeight to_panels(const TensorView& w) {
-  PanelWeight p;
-  p.bytes.resize(static_cast<size_t>(w.nb[2] * w.ne[2]) + 64);
-  auto* at = p.bytes.data() + (64 - reinterpret_cast<uintptr_t>(p.bytes.data()) % 64) % 64;
-  p.view = repack_panels(w, at);
-  return p;
-}
+using testing_support::panel_copy;
 
 TEST(CpuMatmul, PanelLayoutMatchesReferenceAndRowLayout) {
   if (detected_isa() < Isa::kAvx512) GTEST_SKIP() << "the panel layout needs AVX-512 VNNI";
@@ -189,13 +180,13 @@ TEST(CpuMatmul, PanelLayoutMatchesReferenceAndRowLayout) {
     int64_t in, out, rows;  // rows: the view's rows (a prefix of out)
   };
   const std::vector<Case> cases = {
-      {DType::Q4_K, 256, 16, 16},  {DType::Q4_K, 1024, 48, 48}, {DType::Q4_K, 512, 64, 37},
-      {DType::Q6_K, 256, 32, 32},  {DType::Q6_K, 768, 48, 41},  {DType::Q6_K, 1280, 16, 16},
-      {DType::Q8_0, 32, 16, 16},   {DType::Q8_0, 352, 48, 48},  {DType::Q8_0, 1024, 64, 50}};
+      {DType::Q4_K, 256, 16, 16}, {DType::Q4_K, 1024, 48, 48}, {DType::Q4_K, 512, 64, 37},
+      {DType::Q6_K, 256, 32, 32}, {DType::Q6_K, 768, 48, 41},  {DType::Q6_K, 1280, 16, 16},
+      {DType::Q8_0, 32, 16, 16},  {DType::Q8_0, 352, 48, 48},  {DType::Q8_0, 1024, 64, 50}};
   for (const Case& c : cases) {
     const TestWeight w = make_weight(c.type, c.in, c.out, rng);
     ASSERT_TRUE(can_repack(w.view));
-    const PanelWeight p = to_panels(w.view);
+    const auto p = panel_copy(w.view);
     TensorView rows_view = w.view, panel_view = p.view;
     rows_view.ne[1] = panel_view.ne[1] = c.rows;
     for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 17, 63}) {
@@ -204,8 +195,8 @@ TEST(CpuMatmul, PanelLayoutMatchesReferenceAndRowLayout) {
       ref::matmul(Weight{"w", rows_view}, x.data(), want.data(), n);
       std::vector<float> got(n * c.rows, std::numeric_limits<float>::quiet_NaN());
       matmul(panel_view, x.data(), got.data(), n, ctx);
-      EXPECT_LT(rel_l2(got, want), 2.5e-2) << dtype_name(c.type) << " in=" << c.in
-                                           << " rows=" << c.rows << " n=" << n;
+      EXPECT_LT(rel_l2(got, want), 2.5e-2)
+          << dtype_name(c.type) << " in=" << c.in << " rows=" << c.rows << " n=" << n;
       if (n > kPanelStreamTokens) {
         std::vector<float> row_layout(n * c.rows);
         matmul(rows_view, x.data(), row_layout.data(), n, ctx);
@@ -229,7 +220,7 @@ TEST(CpuMatmul, OnlyMatmulTypesWithWholePanelsAreRepacked) {
   EXPECT_FALSE(can_repack(make_weight(DType::F32, 64, 32, rng).view));
   if (!avx512) return;
   const TestWeight w = make_weight(DType::Q6_K, 256, 32, rng);
-  const PanelWeight p = to_panels(w.view);
+  const auto p = panel_copy(w.view);
   EXPECT_FALSE(can_repack(p.view));  // already placed
   // The reference kernels refuse the placed form instead of reading it as rows.
   std::vector<float> x(256), y(32);

@@ -69,14 +69,12 @@ constexpr double kTol = 3e-2;
 
 // The weights as the cpu backend places them: every repackable one in the panel layout
 // (repack.h), experts included.
-MoeWeights to_panels(const MoeWeights& w, std::vector<std::vector<uint8_t>>& store) {
+MoeWeights to_panels(const MoeWeights& w, std::vector<testing_support::PanelCopy>& store) {
   MoeWeights out = w;
   for (Weight* x : {&out.gate_exps, &out.up_exps, &out.gate_up_exps, &out.down_exps,
                     &out.shared_gate, &out.shared_up, &out.shared_down}) {
     if (!x->present() || !can_repack(x->view)) continue;
-    std::vector<uint8_t>& b = store.emplace_back(x->view.nb[2] * x->view.ne[2] + 64);
-    auto* at = b.data() + (64 - reinterpret_cast<uintptr_t>(b.data()) % 64) % 64;
-    x->view = repack_panels(x->view, at);
+    x->view = store.emplace_back(testing_support::panel_copy(x->view)).view;
   }
   return out;
 }
@@ -105,7 +103,7 @@ void check_case(const MoeCase& c) {
     }
     set_isa_for_testing(detected_isa());
     if (detected_isa() >= Isa::kAvx512) {
-      std::vector<std::vector<uint8_t>> store;
+      std::vector<testing_support::PanelCopy> store;
       const MoeWeights panels = to_panels(m.w, store);
       std::vector<float> got(n * c.dim, std::numeric_limits<float>::quiet_NaN());
       moe_ffn(panels, x.data(), got.data(), n, c.n_expert, c.k, ctx);

@@ -63,7 +63,8 @@ Owned random_tensor(DType t, int64_t in, int64_t out, int64_t n_mat = 1) {
   fill_random(o.bytes.data(), o.bytes.size(), in * 31 + out);
   // Random fp16 scales can be NaN or subnormal (slow paths that real weights never take): set
   // every block's scales to 2^-10 (0x1400).
-  const int scale_at[2] = {t == DType::Q6_K ? 208 : 0, t == DType::Q4_K || t == DType::Q5_K ? 2 : -1};
+  const int scale_at[2] = {t == DType::Q6_K ? 208 : 0,
+                           t == DType::Q4_K || t == DType::Q5_K ? 2 : -1};
   if (t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::Q8_0) {
     for (size_t b = 0; b + tr.block_bytes <= o.bytes.size(); b += tr.block_bytes)
       for (int at : scale_at)
@@ -188,13 +189,15 @@ int main(int argc, char** argv) {
   }
   if (want("rows")) {  // a speculative check's few rows: cost against one row, 2 threads
     for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
-      const int64_t in = 5120, out = std::getenv("BENCH_OUT") ? std::atoll(std::getenv("BENCH_OUT")) : 17408;
+      const int64_t in = 5120,
+                    out = std::getenv("BENCH_OUT") ? std::atoll(std::getenv("BENCH_OUT")) : 17408;
       const Owned w = random_tensor(t, in, out);
       ThreadPool pool(std::getenv("BENCH_T") ? std::atoi(std::getenv("BENCH_T")) : 2);
       Scratch scratch;
       Context ctx{pool, scratch};
       std::vector<uint8_t> panels(w.bytes.size() + 64);
-      uint8_t* aligned = panels.data() + (64 - reinterpret_cast<uintptr_t>(panels.data()) % 64) % 64;
+      uint8_t* aligned =
+          panels.data() + (64 - reinterpret_cast<uintptr_t>(panels.data()) % 64) % 64;
       const TensorView pv = repack_panels(w.view, aligned);
       for (const TensorView* v : {&w.view, &pv}) {
         double one = 0;

@@ -16,4 +16,12 @@ Weight Weight::expert(int64_t e) const {
   return {fmt::format("{}[expert {}]", name, e), expert_view(e)};
 }
 
+bool is_routed_expert_tensor(std::string_view name) {
+  for (const char* suffix : {".ffn_gate_exps.weight", ".ffn_up_exps.weight",
+                             ".ffn_gate_up_exps.weight", ".ffn_down_exps.weight"}) {
+    if (name.ends_with(suffix)) return true;
+  }
+  return false;
+}
+
 }  // namespace qwenrt

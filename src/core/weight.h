@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "core/tensor.h"
 
@@ -19,5 +20,8 @@ struct Weight {
   // Its view alone (no name, no allocation): what kernels index experts with.
   TensorView expert_view(int64_t e) const;
 };
+
+// Whether a GGUF tensor name is a routed-expert tensor (blk.N.ffn_{gate,up,gate_up,down}_exps).
+bool is_routed_expert_tensor(std::string_view name);
 
 }  // namespace qwenrt

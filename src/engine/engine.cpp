@@ -43,18 +43,6 @@ void MtpBatch::clear() {
   want_logits.clear();
 }
 
-namespace {
-
-bool is_routed_expert_tensor(const std::string& name) {
-  for (const char* suffix : {".ffn_gate_exps.weight", ".ffn_up_exps.weight",
-                             ".ffn_gate_up_exps.weight", ".ffn_down_exps.weight"}) {
-    if (name.ends_with(suffix)) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 void Engine::setup_expert_streaming(const EngineOptions& options) {
   if (!config_.is_moe() || options.expert_cache_bytes == 0) return;
   // One slot: the largest expert of a layer (its gate, up and down slices, 64-byte aligned).

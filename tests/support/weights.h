@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/weight.h"
+#include "ops/cpu/repack.h"
 #include "quant/quant.h"
 
 namespace qwenrt::testing_support {
@@ -28,6 +29,20 @@ inline QuantTensor quantized_tensor(const char* name, DType type, int64_t in, in
   const int n_dims = n_mat > 1 ? 3 : (out > 1 ? 2 : 1);
   t.w = Weight{name, TensorView::contiguous(type, n_dims, {in, out, n_mat, 1}, t.bytes.data())};
   return t;
+}
+
+// A copy of a row-layout view in the cpu backend's panel layout (ops/cpu/repack.h), owning its
+// 64-byte aligned bytes.
+struct PanelCopy {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+};
+inline PanelCopy panel_copy(const TensorView& w) {
+  PanelCopy p;
+  p.bytes.resize(static_cast<size_t>(w.nb[2] * w.ne[2]) + 64);
+  auto* at = p.bytes.data() + (64 - reinterpret_cast<uintptr_t>(p.bytes.data()) % 64) % 64;
+  p.view = ops::cpu::repack_panels(w, at);
+  return p;
 }
 
 }  // namespace qwenrt::testing_support

@@ -118,9 +118,6 @@ class Arena {
 bool is_row_table(const std::string& name) {
   return name.find("token_embd") != std::string::npos;
 }
-bool is_routed_expert(const std::string& name) {
-  return name.find("_exps") != std::string::npos;
-}
 
 // QWENRT_CPU_REPACK=0 keeps the weights in the mapped file as GGUF rows (for measurements).
 bool repack_enabled() {
@@ -261,7 +258,7 @@ class CpuOps final : public HostOps {
   Weight place(const Weight& w) override {
     const int64_t bytes = w.view.nb[2] * w.view.ne[2];
     Weight out = w;
-    if (repack_ && !is_row_table(w.name) && !is_routed_expert(w.name) &&
+    if (repack_ && !is_row_table(w.name) && !is_routed_expert_tensor(w.name) &&
         cpu::can_repack(w.view)) {
       auto* dst = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
       if (!dst) fail("cpu backend: out of memory placing {} ({} bytes)", w.name, bytes);

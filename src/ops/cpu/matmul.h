@@ -6,7 +6,8 @@
 // is dequantised row by row into fp32. Batches below kGemmMinTokens (4) stream each weight row once
 // for all tokens (GEMV: memory-bound, rows handed out to threads in chunks); larger
 // batches on AVX-512 VNNI unpack 16-row panels of Q4_K/Q5_K/Q6_K/Q8_0/Q4_0 weights to int8 once
-// and reuse them for every token (matmul_gemm_avx512.cpp). Not reentrant per Context (one Scratch
+// and reuse them for every token (matmul_gemm_avx512.cpp). Weights placed in the panel layout
+// (repack.h) take the AVX-512 panel kernels for every batch. Not reentrant per Context (one Scratch
 // per concurrent caller); must not be called from inside a ThreadPool part.
 #pragma once
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cpu/matmul_gemm.h"
@@ -189,8 +190,7 @@ void tile_kernel(const PanelBlock* panel, int64_t nb, const uint8_t* act, int64_
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const BlockQ8K*>(act + t * act_stride);
   __m512 fsum[T];
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-    fsum[t] = _mm512_setzero_ps();
+  for (int t = 0; t < T; ++t) fsum[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const PanelBlock& P = panel[b];
     __m512i isum[T];
@@ -300,8 +300,7 @@ void tile_kernel32(const Panel32* panel, int64_t nb, const uint8_t* act, int64_t
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const BlockQ8_32*>(act + t * act_stride);
   __m512 fsum[T];
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-    fsum[t] = _mm512_setzero_ps();
+  for (int t = 0; t < T; ++t) fsum[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const Panel32& P = panel[b];
     __m512i acc[T];
@@ -549,8 +548,8 @@ void fused_q6_k(const uint8_t* records, int64_t nb, const uint8_t* act, int64_t 
         }
       }
     }
-    const __m512 d = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 52 * 64)));
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 52 * 64)));
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) {
       // The -32 offset: 32 * sum_s sc_s * bsum_s.
@@ -611,42 +610,20 @@ void fused_q8_0(const uint8_t* records, int64_t nb, const uint8_t* act, int64_t 
   for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, fsum[t]);
 }
 
-template <template <int> class Kernel>
-void run_fused(int T, const uint8_t* records, int64_t nb, const uint8_t* act, int64_t stride,
-               float* y, int64_t ldy, __mmask16 mask) {
+// f(std::integral_constant<int, T>) for a runtime T in 1..kFusedTokens.
+template <class F>
+void with_tokens(int T, F&& f) {
   switch (T) {
     case 4:
-      return Kernel<4>::run(records, nb, act, stride, y, ldy, mask);
+      return f(std::integral_constant<int, 4>{});
     case 3:
-      return Kernel<3>::run(records, nb, act, stride, y, ldy, mask);
+      return f(std::integral_constant<int, 3>{});
     case 2:
-      return Kernel<2>::run(records, nb, act, stride, y, ldy, mask);
+      return f(std::integral_constant<int, 2>{});
     default:
-      return Kernel<1>::run(records, nb, act, stride, y, ldy, mask);
+      return f(std::integral_constant<int, 1>{});
   }
 }
-template <int T>
-struct FusedQ4K {
-  static void run(const uint8_t* r, int64_t nb, const uint8_t* a, int64_t s, float* y, int64_t l,
-                  __mmask16 m) {
-    fused_q4_k<T>(r, nb, a, s, y, l, m);
-  }
-};
-template <int T>
-struct FusedQ6K {
-  static void run(const uint8_t* r, int64_t nb, const uint8_t* a, int64_t s, float* y, int64_t l,
-                  __mmask16 m) {
-    fused_q6_k<T>(r, nb, a, s, y, l, m);
-  }
-};
-
-template <int T>
-struct FusedQ8_0 {
-  static void run(const uint8_t* r, int64_t nb, const uint8_t* a, int64_t s, float* y, int64_t l,
-                  __mmask16 m) {
-    fused_q8_0<T>(r, nb, a, s, y, l, m);
-  }
-};
 
 // Rows [r0, r1) of a panel-layout weight (repack.h), r0 a multiple of 16. Up to
 // kPanelStreamTokens tokens (decode, checks, small expert groups) the fused kernels stream the
@@ -672,17 +649,17 @@ void gemm_panels(const TensorView& w, int64_t r0, int64_t r1, const PreparedAct&
         const int T = static_cast<int>(std::min<int64_t>(kFusedTokens, act.n - t0));
         const uint8_t* a = act.data + t0 * act.stride;
         float* yt = y + t0 * ldy + (pr - r0);
-        switch (w.dtype) {
-          case DType::Q4_K:
-            run_fused<FusedQ4K>(T, records, nb, a, act.stride, yt, ldy, mask);
-            break;
-          case DType::Q6_K:
-            run_fused<FusedQ6K>(T, records, nb, a, act.stride, yt, ldy, mask);
-            break;
-          default:
-            run_fused<FusedQ8_0>(T, records, nb, a, act.stride, yt, ldy, mask);
-            break;
-        }
+        with_tokens(T, [&](auto tokens) {
+          constexpr int kT = decltype(tokens)::value;
+          switch (w.dtype) {
+            case DType::Q4_K:
+              return fused_q4_k<kT>(records, nb, a, act.stride, yt, ldy, mask);
+            case DType::Q6_K:
+              return fused_q6_k<kT>(records, nb, a, act.stride, yt, ldy, mask);
+            default:
+              return fused_q8_0<kT>(records, nb, a, act.stride, yt, ldy, mask);
+          }
+        });
       }
       continue;
     }

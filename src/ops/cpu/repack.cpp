@@ -9,10 +9,14 @@ namespace qwenrt::ops::cpu {
 
 PanelFormat panel_format(DType type) {
   switch (type) {
-    case DType::Q4_K: return {0, 36, -1};   // d, dmin, scales, qs: 144 bytes
-    case DType::Q6_K: return {0, 52, 208};  // ql, qh, scales (208 bytes), then d
-    case DType::Q8_0: return {2, 8, 0};     // d, then 32 codes
-    default: fail("cpu repack: no panel layout for {}", dtype_name(type));
+    case DType::Q4_K:
+      return {0, 36, -1};  // d, dmin, scales, qs: 144 bytes
+    case DType::Q6_K:
+      return {0, 52, 208};  // ql, qh, scales (208 bytes), then d
+    case DType::Q8_0:
+      return {2, 8, 0};  // d, then 32 codes
+    default:
+      fail("cpu repack: no panel layout for {}", dtype_name(type));
   }
 }
 

@@ -10,7 +10,8 @@
 // then, for the types whose fp16 scale sits outside those words, scale[r] (16 fp16 values).
 // A prefix of the rows that is a multiple of 16 is still a valid view, and so is any row range
 // whose panels are whole in memory (the kernels mask rows past the view's end).
-// 3D expert tensors are repacked expert by expert (each expert's slice stays where it was).
+// A 3D expert tensor is repacked expert by expert (each expert's slice stays where it was); the
+// backend's place() does not repack routed experts today (cpu_ops.cpp says why).
 #pragma once
 
 #include <cstdint>
@@ -30,8 +31,8 @@ struct PanelFormat {
 // few-token kernels; others stay in the row layout).
 PanelFormat panel_format(DType type);
 
-// Whether place() repacks this view: a type above, rows contiguous, out a multiple of 16, and
-// the kernels run at the AVX-512 VNNI level (active_isa(): a test that lowers the level keeps
+// Whether a view can take the panel layout: a type above, rows contiguous, out a multiple of 16,
+// and the kernels run at the AVX-512 VNNI level (active_isa(): a test that lowers the level keeps
 // the row layout; a placed weight is read by the AVX-512 kernels whatever the level later).
 bool can_repack(const TensorView& w);
 
