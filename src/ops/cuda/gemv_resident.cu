@@ -36,9 +36,11 @@ namespace {
 constexpr int kResRowWarps = 8;    // warps a block aims for (S x R)
 constexpr int kResMaxSlices = 18;  // rows up to 18432 wide (the 27B's FFN rows are 17408)
 
-// The three shapes of work: matmul / matmul_group (jobs), a dense SwiGLU (gate and up rows
-// together), routed experts' gate/up (rows pair * ff + row of expert ids[pair]).
-enum ResidentMode { kResJobs = 0, kResSwiglu = 1, kResExperts = 2 };
+// The four shapes of work: matmul / matmul_group (jobs), a dense SwiGLU (gate and up rows
+// together), routed experts' gate/up (rows pair * ff + row of expert ids[pair]), and routed
+// experts' down per pair (blockIdx.y = pair p: rows of expert ids[p] against x row p, written to
+// y row p).
+enum ResidentMode { kResJobs = 0, kResSwiglu = 1, kResExperts = 2, kResPairs = 3 };
 
 struct ResidentArgs {
   const uint8_t* data[kMaxJobs];
@@ -49,9 +51,9 @@ struct ResidentArgs {
   int n_jobs;
   int64_t total_rows;
   int64_t ff;             // kResExperts: rows per pair
-  const int32_t* ids;     // kResExperts
-  int64_t n_expert;       // kResExperts
-  const float* x;         // [in], 16-byte aligned
+  const int32_t* ids;     // kResExperts, kResPairs
+  int64_t n_expert;       // kResExperts, kResPairs
+  const float* x;         // [in] ([pairs, in] for kResPairs), 16-byte aligned
   const int8_t* xq;       // x already quantised (quantize_q8_kernel; long rows), or null
   const float* xd;        // its scales
   int in;                 // a multiple of 256
@@ -63,13 +65,13 @@ struct ResidentArgs {
 
 template <int MODE>
 constexpr int resident_mats() {
-  return MODE == kResJobs ? 1 : 2;
+  return MODE == kResJobs || MODE == kResPairs ? 1 : 2;
 }
 // Rows a warp has in flight beyond the one it computes: with one unit a lane there are registers
 // for three (two with two matrices); with more units a lane, one.
 template <int UPL, int MODE>
 constexpr int resident_depth() {
-  return UPL > 1 ? 1 : MODE == kResJobs ? 3 : 2;
+  return UPL > 1 ? 1 : resident_mats<MODE>() == 1 ? 3 : 2;
 }
 // Threads a block may have: slices of one unit a lane make up to 18 warps (9 with 64-element
 // units); with more units a lane a block has at most 8 (and the registers that UPL x (1 + depth)
@@ -92,12 +94,17 @@ __device__ __forceinline__ bool resident_rows(const ResidentArgs& a, int64_t r,
     ptr[0] = a.data[0] + r * a.row_bytes[0];
     ptr[1] = a.data[1] + r * a.row_bytes[1];
     return true;
-  } else {
+  } else if constexpr (MODE == kResExperts) {
     const int64_t p = r / a.ff, row = r % a.ff;
     const int32_t e = a.ids[p];
     if (e < 0 || e >= a.n_expert) return false;
     ptr[0] = a.data[0] + e * a.expert_bytes[0] + row * a.row_bytes[0];
     ptr[1] = a.data[1] + e * a.expert_bytes[1] + row * a.row_bytes[1];
+    return true;
+  } else {
+    const int32_t e = a.ids[blockIdx.y];
+    if (e < 0 || e >= a.n_expert) return false;
+    ptr[0] = a.data[0] + e * a.expert_bytes[0] + r * a.row_bytes[0];
     return true;
   }
 }
@@ -109,6 +116,8 @@ __device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
     int j = 0;
     while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
     a.y[j][r - a.first_row[j]] = v[0];
+  } else if constexpr (MODE == kResPairs) {
+    a.y[0][blockIdx.y * a.total_rows + r] = ok ? v[0] : __int_as_float(0x7fc00000);
   } else {
     a.y[0][r] = ok ? silu(v[0]) * v[1] : __int_as_float(0x7fc00000);
   }
@@ -133,8 +142,8 @@ __device__ __forceinline__ void resident_store_partials(const ResidentArgs& a, c
       v[m] = sum;
     }
     bool row_ok = true;
-    if constexpr (MODE == kResExperts) {
-      const int32_t e = a.ids[row / a.ff];
+    if constexpr (MODE == kResExperts || MODE == kResPairs) {
+      const int32_t e = a.ids[MODE == kResExperts ? row / a.ff : int64_t{blockIdx.y}];
       row_ok = e >= 0 && e < a.n_expert;
     }
     resident_store<MODE>(a, row, v, row_ok);
@@ -262,12 +271,15 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
       ok[q] = r < a.total_rows && resident_load<T, UPL, MODE>(a, r, u0, j, n_units, w[q]);
     }
   };
-  if constexpr (MODE != kResExperts) load_ahead();  // expert ids come from the previous kernel
+  // Expert ids come from an earlier kernel (not necessarily finished before the previous one).
+  constexpr bool kIds = MODE == kResExperts || MODE == kResPairs;
+  if constexpr (!kIds) load_ahead();
   pdl_wait();
-  if constexpr (MODE == kResExperts) load_ahead();
+  if constexpr (kIds) load_ahead();
 
   if (a.xq == nullptr) {
-    quantise_x_shared(a.x, a.in, sq, sd, threadIdx.x, blockDim.x);
+    const float* x = MODE == kResPairs ? a.x + int64_t{blockIdx.y} * a.in : a.x;
+    quantise_x_shared(x, a.in, sq, sd, threadIdx.x, blockDim.x);
     __syncthreads();
   }
   LaneActs<T, UPL> act;
@@ -490,9 +502,9 @@ int sm_count() {
 // pdl_on().
 template <class Kernel, class Args>
 void launch_pdl(Kernel* kernel, int64_t grid, int threads, size_t smem, cudaStream_t stream,
-                const Args& a) {
+                const Args& a, unsigned grid_y = 1) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.gridDim = dim3(static_cast<unsigned>(grid), grid_y);
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -513,7 +525,7 @@ int64_t persistent_grid(Kernel* kernel, int threads, size_t smem, int64_t groups
 }
 
 template <class T, int UPL, int MODE>
-void launch_resident(ResidentArgs a, cudaStream_t stream) {
+void launch_resident(ResidentArgs a, cudaStream_t stream, unsigned pairs = 1) {
   constexpr int NM = resident_mats<MODE>();
   auto* kernel = resident_gemv_kernel<T, UPL, MODE>;
   const int S = a.slices, R = a.row_lanes, threads = 32 * S * R;
@@ -522,14 +534,16 @@ void launch_resident(ResidentArgs a, cudaStream_t stream) {
   const auto part_bytes = [&](int64_t max_groups) {
     return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
   };
-  const int64_t grid = persistent_grid(kernel, threads, base + part_bytes(8), groups);
+  // kResPairs: the blocks that fit are shared out over the pairs (grid.y).
+  const int64_t grid = std::max<int64_t>(
+      1, persistent_grid(kernel, threads, base + part_bytes(8), groups * pairs) / pairs);
   a.max_groups = static_cast<int>((groups + grid - 1) / grid);
   const size_t smem = base + part_bytes(a.max_groups);
   if (smem > 48 * 1024) {
     QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
   }
-  launch_pdl(kernel, grid, threads, smem, stream, a);
+  launch_pdl(kernel, grid, threads, smem, stream, a, pairs);
 }
 
 // The streamed kernel (QWENRT_CUDA_STREAM=0: never). QWENRT_CUDA_STREAM_WARPS sets the consumer
@@ -554,7 +568,7 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   constexpr int NM = resident_mats<MODE>();
   // Measured (bench/results/h200-decode-stream.md): faster on rows of 5120 and more (the 27B's
   // projections and FFN), slower on the 35B-A3B's 2048-wide rows and routed experts.
-  if (MODE == kResExperts || a.in < kStreamMinIn || !stream_on()) return false;
+  if (MODE == kResExperts || MODE == kResPairs || a.in < kStreamMinIn || !stream_on()) return false;
   static const int warps = stream_env("QWENRT_CUDA_STREAM_WARPS", 8, 1, kStreamMaxWarps);
   static const int ring_kb = stream_env("QWENRT_CUDA_STREAM_KB", 32, 8, 200);
   const int64_t rb = a.row_bytes[0];
@@ -595,8 +609,8 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
 
 // The streamed kernel where it fits, else the resident one.
 template <class T, int UPL, int MODE>
-void launch_gemv(const ResidentArgs& a, cudaStream_t stream) {
-  if (!launch_stream<T, UPL, MODE>(a, stream)) launch_resident<T, UPL, MODE>(a, stream);
+void launch_gemv(const ResidentArgs& a, cudaStream_t stream, unsigned pairs) {
+  if (!launch_stream<T, UPL, MODE>(a, stream)) launch_resident<T, UPL, MODE>(a, stream, pairs);
 }
 
 // Rows longer than this take their activations quantised by quantize_q8_kernel (one launch)
@@ -642,8 +656,11 @@ int q4k64_mode() {
 // The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
 // none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
 template <int MODE>
-bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream) {
+bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream,
+              unsigned pairs = 1) {
   if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
+  // Each pair's row quantised in the kernel (never by the separate launch, which does one row).
+  if (MODE == kResPairs && a.in > kResQuantiseInKernelMax) return false;
   // Q4_K rows of at least 2048 take 64-element units (shorter ones would leave lanes idle).
   const bool q4k64 = m.dtype == DType::Q4_K && q4k64_mode() != 0 && a.in >= 2048;
   const ResidentShape shape =
@@ -677,26 +694,26 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
   }
   auto by_upl = [&]<class T>() {
     if constexpr (MODE == kResSwiglu) {
-      launch_gemv<T, 1, MODE>(a, stream);
+      launch_gemv<T, 1, MODE>(a, stream, pairs);
     } else if constexpr (unit_elems<T>() == 64) {
       if (shape.upl == 1) {
-        launch_gemv<T, 1, MODE>(a, stream);
+        launch_gemv<T, 1, MODE>(a, stream, pairs);
       } else {
-        launch_gemv<T, 2, MODE>(a, stream);
+        launch_gemv<T, 2, MODE>(a, stream, pairs);
       }
     } else {
       switch (shape.upl) {
         case 1:
-          launch_gemv<T, 1, MODE>(a, stream);
+          launch_gemv<T, 1, MODE>(a, stream, pairs);
           break;
         case 2:
-          launch_gemv<T, 2, MODE>(a, stream);
+          launch_gemv<T, 2, MODE>(a, stream, pairs);
           break;
         case 3:
-          launch_gemv<T, 3, MODE>(a, stream);
+          launch_gemv<T, 3, MODE>(a, stream, pairs);
           break;
         default:
-          launch_gemv<T, 4, MODE>(a, stream);
+          launch_gemv<T, 4, MODE>(a, stream, pairs);
           break;
       }
     }
@@ -778,6 +795,22 @@ bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* id
   a.ids = ids;
   a.n_expert = g.n_expert;
   return resident<kResExperts>(g, a, workspace, stream);
+}
+
+bool resident_experts_down_pairs(const MatArg& d, const int32_t* ids, const float* x, int64_t in,
+                                 int64_t n_pairs, float* y, cudaStream_t stream) {
+  if (in > (1 << 20) || n_pairs < 1 || n_pairs > 65535) return false;
+  ResidentArgs a{};
+  a.data[0] = d.data;
+  a.row_bytes[0] = d.row_bytes;
+  a.expert_bytes[0] = d.expert_bytes;
+  a.y[0] = y;
+  a.x = x;
+  a.in = static_cast<int>(in);
+  a.total_rows = d.out;
+  a.ids = ids;
+  a.n_expert = d.n_expert;
+  return resident<kResPairs>(d, a, nullptr, stream, static_cast<unsigned>(n_pairs));
 }
 
 }  // namespace qwenrt::ops::cuda::mm

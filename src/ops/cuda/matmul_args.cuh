@@ -152,6 +152,9 @@ bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t i
 bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,
                              const float* x, int64_t in, float* y, void* workspace,
                              cudaStream_t stream);
+// y [n_pairs, d.out]: row p = expert ids[p]'s down over x row p (each row quantised in the kernel).
+bool resident_experts_down_pairs(const MatArg& d, const int32_t* ids, const float* x, int64_t in,
+                                 int64_t n_pairs, float* y, cudaStream_t stream);
 
 // ---- gemm.cu: prefill GEMM on cuBLAS (weights expanded a chunk of rows at a time) ----
 // Whether a matmul of n rows of W runs as a GEMM (n >= QWENRT_CUDA_GEMM_ROWS, default 32; 0: never;
