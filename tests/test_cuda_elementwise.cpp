@@ -1,11 +1,14 @@
 // The CUDA backend's elementwise and norm ops (ops/cuda/elementwise.cu through make_cuda_ops())
 // against ops::ref on fresh random inputs: rmsnorm on short (one warp per row) and long (one block
 // per row) rows, in place too; add_rmsnorm; rope at scattered positions with n_rot < head_dim and
-// a token stride past the heads; silu_mul / add on aligned (float4) and unaligned sizes and
-// pointers; sigmoid_mul with a gate stride; copy_2d; gather_output_rows. Outputs start as NaN so an
-// unwritten element fails; elements an op must not touch are compared bit for bit.
+// a token stride past the heads; attention_heads (the fused head prologue) against the reference
+// sequence and bit for bit against the unfused ops; silu_mul / add on aligned (float4) and
+// unaligned sizes and pointers; sigmoid_mul with a gate stride; copy_2d; gather_output_rows.
+// Outputs start as NaN so an unwritten element fails; elements an op must not touch are compared
+// bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -159,6 +162,58 @@ TEST_P(CudaElementwise, MatchesReference) {
         }
       }
     }
+  } else if (c.op == "attention_heads") {
+    // n tokens of 5 query heads (query and gate halves) and 2 key heads; the fused kernel against
+    // the reference sequence, and bit for bit against this backend's unfused ops.
+    const int n_head = 5, n_head_kv = 2, hd = static_cast<int>(c.dim), n_rot = c.extra;
+    const int64_t nq = c.rows * n_head * hd, nk = c.rows * n_head_kv * hd;
+    const auto q_gate = randn(2 * nq, rng, 3.0f), k = randn(nk, rng), qw = randn(hd, rng),
+               kw = randn(hd, rng);
+    std::vector<int32_t> pos(c.rows);
+    std::uniform_int_distribution<int32_t> p(0, 300000);
+    for (auto& v : pos) v = p(rng);
+    const OneRowSpans step = one_row_spans(pos, {});
+    ops.begin_step(step.layout());
+    const Weight q_norm = ops.place(f32_weight(qw)), k_norm = ops.place(f32_weight(kw));
+    auto run = [&](bool fused) {
+      Ops::AttentionHeadsArgs a{.q_gate = to_device(q_gate),
+                                .q_norm = &q_norm,
+                                .k_norm = &k_norm,
+                                .q = to_device(nans(nq)),
+                                .gate = to_device(nans(nq)),
+                                .k = to_device(k),
+                                .n = c.rows,
+                                .n_head = n_head,
+                                .n_head_kv = n_head_kv,
+                                .head_dim = hd,
+                                .n_rot = n_rot,
+                                .rope_theta = 1e7f,
+                                .eps = eps};
+      if (fused) {
+        ops.attention_heads(a);
+      } else {
+        ops.Ops::attention_heads(a);
+      }
+      std::vector<float> out = to_host(a.q, nq), g = to_host(a.gate, nq), kk = to_host(a.k, nk);
+      out.insert(out.end(), g.begin(), g.end());
+      out.insert(out.end(), kk.begin(), kk.end());
+      return out;
+    };
+    got = run(true);
+    EXPECT_EQ(got, run(false)) << "the fused kernel equals the unfused ops bit for bit";
+    std::vector<float> q(nq), g(nq), kr = k;
+    for (int64_t r = 0; r < c.rows * n_head; ++r) {
+      std::copy_n(q_gate.begin() + r * 2 * hd, hd, q.begin() + r * hd);
+      std::copy_n(q_gate.begin() + r * 2 * hd + hd, hd, g.begin() + r * hd);
+    }
+    ref::rmsnorm(q.data(), qw.data(), q.data(), c.rows * n_head, hd, eps);
+    ref::rmsnorm(kr.data(), kw.data(), kr.data(), c.rows * n_head_kv, hd, eps);
+    ref::rope_neox(q.data(), pos.data(), c.rows, n_head, hd, n_head * hd, n_rot, 1e7f);
+    ref::rope_neox(kr.data(), pos.data(), c.rows, n_head_kv, hd, n_head_kv * hd, n_rot, 1e7f);
+    want = q;
+    want.insert(want.end(), g.begin(), g.end());
+    want.insert(want.end(), kr.begin(), kr.end());
+    tol = 2e-6;
   } else if (c.op == "silu_mul" || c.op == "silu_mul_alias") {
     const auto g = randn(n, rng, 4.0f), u = randn(n, rng);
     float* dg = to_device(g, c.extra);
@@ -217,19 +272,23 @@ TEST_P(CudaElementwise, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaElementwise,
-    ::testing::Values(
-        EwCase{"rmsnorm", 1, 1, 0}, EwCase{"rmsnorm", 3, 17, 0}, EwCase{"rmsnorm", 37, 64, 0},
-        EwCase{"rmsnorm", 5, 256, 0}, EwCase{"rmsnorm", 6, 257, 0}, EwCase{"rmsnorm", 40, 2048, 0},
-        EwCase{"rmsnorm", 3, 5120, 0}, EwCase{"rmsnorm", 2, 8191, 0},
-        EwCase{"rmsnorm_inplace", 300, 128, 0}, EwCase{"rmsnorm_inplace", 7, 5120, 0},
-        EwCase{"add_rmsnorm", 3, 33, 0}, EwCase{"add_rmsnorm", 20, 4096, 0},
-        EwCase{"add_rmsnorm", 2, 5120, 0}, EwCase{"rope", 9, 256, 64}, EwCase{"rope", 4, 20, 20},
-        EwCase{"rope", 200, 128, 128}, EwCase{"rope", 3, 64, 38}, EwCase{"silu_mul", 1, 77, 0},
-        EwCase{"silu_mul", 50, 2000, 0}, EwCase{"silu_mul", 50, 2000, 1},
-        EwCase{"silu_mul_alias", 3, 1024, 0}, EwCase{"sigmoid_mul", 3, 21, 21},
-        EwCase{"sigmoid_mul", 33, 4096, 4096}, EwCase{"add", 1, 5, 0}, EwCase{"add", 70, 1024, 0},
-        EwCase{"add", 70, 1025, 3}, EwCase{"copy_2d", 5, 13, 3}, EwCase{"copy_2d", 70000, 3, 1},
-        EwCase{"gather", 1, 9, 0}, EwCase{"gather", 70, 1000, 0}),
+    ::testing::Values(EwCase{"rmsnorm", 1, 1, 0}, EwCase{"rmsnorm", 3, 17, 0},
+                      EwCase{"rmsnorm", 37, 64, 0}, EwCase{"rmsnorm", 5, 256, 0},
+                      EwCase{"rmsnorm", 6, 257, 0}, EwCase{"rmsnorm", 40, 2048, 0},
+                      EwCase{"rmsnorm", 3, 5120, 0}, EwCase{"rmsnorm", 2, 8191, 0},
+                      EwCase{"rmsnorm_inplace", 300, 128, 0}, EwCase{"rmsnorm_inplace", 7, 5120, 0},
+                      EwCase{"add_rmsnorm", 3, 33, 0}, EwCase{"add_rmsnorm", 20, 4096, 0},
+                      EwCase{"add_rmsnorm", 2, 5120, 0}, EwCase{"rope", 9, 256, 64},
+                      EwCase{"rope", 4, 20, 20}, EwCase{"rope", 200, 128, 128},
+                      EwCase{"rope", 3, 64, 38}, EwCase{"attention_heads", 1, 256, 64},
+                      EwCase{"attention_heads", 7, 256, 256}, EwCase{"attention_heads", 3, 96, 30},
+                      EwCase{"attention_heads", 40, 64, 0}, EwCase{"silu_mul", 1, 77, 0},
+                      EwCase{"silu_mul", 50, 2000, 0}, EwCase{"silu_mul", 50, 2000, 1},
+                      EwCase{"silu_mul_alias", 3, 1024, 0}, EwCase{"sigmoid_mul", 3, 21, 21},
+                      EwCase{"sigmoid_mul", 33, 4096, 4096}, EwCase{"add", 1, 5, 0},
+                      EwCase{"add", 70, 1024, 0}, EwCase{"add", 70, 1025, 3},
+                      EwCase{"copy_2d", 5, 13, 3}, EwCase{"copy_2d", 70000, 3, 1},
+                      EwCase{"gather", 1, 9, 0}, EwCase{"gather", 70, 1000, 0}),
     [](const ::testing::TestParamInfo<EwCase>& info) {
       return fmt::format("{}_{}x{}_{}", info.param.op, info.param.rows, info.param.dim,
                          info.param.extra);

@@ -559,9 +559,10 @@ TEST(CudaQwen4exp, FixtureMatchesTheReferenceBackend) {
     ASSERT_EQ(got.size(), want.size());
     const Agreement a = compare(got, want);
     const std::string what = file == kFile ? "budget 8" : "dense";
-    fmt::print("[cuda qwen4exp] {}: worst rel L2 {:.2e}, {} rows over 5e-2, top-1 {}/{} (widest "
-               "flipped gap {:.3f})\n",
-               what, a.worst, a.rows_above(5e-2), a.top1, a.n, a.widest_flip_gap);
+    fmt::print(
+        "[cuda qwen4exp] {}: worst rel L2 {:.2e}, {} rows over 5e-2, top-1 {}/{} (widest "
+        "flipped gap {:.3f})\n",
+        what, a.worst, a.rows_above(5e-2), a.top1, a.n, a.widest_flip_gap);
     expect_close(a, what);
   }
 }
@@ -582,9 +583,10 @@ TEST(CudaQwen4exp, PrefillThenDecodeEqualsOnePrefill) {
     const auto steps = run_prompt(*e, ids, chunks);
     ASSERT_EQ(steps.size(), one.size());
     const Agreement a = compare(steps, one);
-    fmt::print("[cuda qwen4exp] prefill {} + decode: worst rel L2 {:.2e}, {} rows over 5e-2, top-1 "
-               "{}/{} (widest flipped gap {:.3f})\n",
-               n_prefill, a.worst, a.rows_above(5e-2), a.top1, a.n, a.widest_flip_gap);
+    fmt::print(
+        "[cuda qwen4exp] prefill {} + decode: worst rel L2 {:.2e}, {} rows over 5e-2, top-1 "
+        "{}/{} (widest flipped gap {:.3f})\n",
+        n_prefill, a.worst, a.rows_above(5e-2), a.top1, a.n, a.widest_flip_gap);
     expect_close(a, "prefill " + std::to_string(n_prefill));
   }
 }

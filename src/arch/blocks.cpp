@@ -27,13 +27,20 @@ AttentionRows attention_projections(const BlockContext& ctx, const model::Attent
     const ops::Ops::Projection qkv[] = {{&w.q, q_gate}, {&w.k, r.k}, {&w.v, r.v}};
     ops.matmuls(x, n, qkv);
   }
-  ops.copy_2d(q_gate, 2 * hd, r.q, hd, n * c.n_head, hd);
-  ops.copy_2d(q_gate + hd, 2 * hd, r.gate, hd, n * c.n_head, hd);
-
-  ops.rmsnorm(r.q, w.q_norm, r.q, n * c.n_head, hd, c.rms_eps);
-  ops.rmsnorm(r.k, w.k_norm, r.k, n * c.n_head_kv, hd, c.rms_eps);
-  ops.rope_neox(r.q, c.n_head, c.head_dim, nq, c.n_rot, c.rope_theta);
-  ops.rope_neox(r.k, c.n_head_kv, c.head_dim, nkv, c.n_rot, c.rope_theta);
+  // Query and gate apart, then QK-norm and RoPE on the queries and keys.
+  ops.attention_heads({.q_gate = q_gate,
+                       .q_norm = &w.q_norm,
+                       .k_norm = &w.k_norm,
+                       .q = r.q,
+                       .gate = r.gate,
+                       .k = r.k,
+                       .n = n,
+                       .n_head = c.n_head,
+                       .n_head_kv = c.n_head_kv,
+                       .head_dim = c.head_dim,
+                       .n_rot = c.n_rot,
+                       .rope_theta = c.rope_theta,
+                       .eps = c.rms_eps});
   return r;
 }
 

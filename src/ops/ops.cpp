@@ -12,6 +12,16 @@ void Ops::add_rmsnorm(float* x, const float* delta, const Weight& weight, float*
   rmsnorm(x, weight, out, rows, dim, eps);
 }
 
+void Ops::attention_heads(const AttentionHeadsArgs& a) {
+  const int64_t hd = a.head_dim, rows_q = a.n * a.n_head;
+  copy_2d(a.q_gate, 2 * hd, a.q, hd, rows_q, hd);
+  copy_2d(a.q_gate + hd, 2 * hd, a.gate, hd, rows_q, hd);
+  rmsnorm(a.q, *a.q_norm, a.q, rows_q, hd, a.eps);
+  rmsnorm(a.k, *a.k_norm, a.k, a.n * a.n_head_kv, hd, a.eps);
+  rope_neox(a.q, a.n_head, a.head_dim, a.n_head * hd, a.n_rot, a.rope_theta);
+  rope_neox(a.k, a.n_head_kv, a.head_dim, a.n_head_kv * hd, a.n_rot, a.rope_theta);
+}
+
 void Ops::matmuls(const float* x, int64_t n, std::span<const Projection> projections) {
   for (const Projection& p : projections) matmul(*p.w, x, p.y, n);
 }

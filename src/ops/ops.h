@@ -98,6 +98,23 @@ class Ops {
   // next block's input norm.
   virtual void add_rmsnorm(float* x, const float* delta, const Weight& weight, float* out,
                            int64_t rows, int64_t dim, float eps);
+  // The gated attention's head prologue (SPEC.md "Gated attention"): q_gate [n, n_head, 2 *
+  // head_dim] holds each head's query, then its gate. q [n, n_head, head_dim] = rope(rmsnorm(query)
+  // * q_norm), gate [n, n_head * head_dim] = the gates, k [n, n_head_kv, head_dim] =
+  // rope(rmsnorm(k)
+  // * k_norm) in place; NeoX RoPE over the first n_rot dims at the step's positions.
+  struct AttentionHeadsArgs {
+    const float* q_gate;
+    const Weight* q_norm;
+    const Weight* k_norm;
+    float* q;
+    float* gate;
+    float* k;
+    int64_t n;
+    int n_head, n_head_kv, head_dim, n_rot;
+    float rope_theta, eps;
+  };
+  virtual void attention_heads(const AttentionHeadsArgs& a);
   // y_i [n, out_i] = x [n, in] @ W_i^T for several weights of the same `in` (the projections of
   // one block's input).
   struct Projection {

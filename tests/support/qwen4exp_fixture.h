@@ -70,8 +70,8 @@ struct LogitAgreement {
     ++n;
   }
   int rows_above(double tol) const {
-    return static_cast<int>(std::count_if(errors.begin(), errors.end(),
-                                          [&](double e) { return e > tol; }));
+    return static_cast<int>(
+        std::count_if(errors.begin(), errors.end(), [&](double e) { return e > tol; }));
   }
   // "row: rel L2" of the rows above tol and the rows whose top token flipped, for a failure's
   // message.

@@ -272,6 +272,14 @@ class CudaOps final : public Ops {
     cuda::rope_neox(x, dstep_.positions, dstep_.n, n_heads, head_dim, token_stride, n_rot, theta,
                     stream_);
   }
+  void attention_heads(const AttentionHeadsArgs& a) override {
+    if (!cuda::attention_heads_fit(a.head_dim, a.n_rot)) return Ops::attention_heads(a);
+    if (skip()) return;
+    Scope s(this, kRope);
+    cuda::attention_heads(a.q_gate, ref::f32_data(*a.q_norm), ref::f32_data(*a.k_norm), a.q, a.gate,
+                          a.k, dstep_.positions, a.n, a.n_head, a.n_head_kv, a.head_dim, a.n_rot,
+                          a.rope_theta, a.eps, stream_);
+  }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override {
     if (skip()) return;
     Scope s(this, kElementwise);

@@ -116,9 +116,8 @@ __global__ void __launch_bounds__(kThreads)
   const float inv = 1.0f / sqrtf(total / (4 * dim4) + eps);
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
-    out[row * dim4 + threadIdx.x + int64_t{k} * kThreads] =
-        make_float4(v[k].x * inv * w[k].x, v[k].y * inv * w[k].y, v[k].z * inv * w[k].z,
-                    v[k].w * inv * w[k].w);
+    out[row * dim4 + threadIdx.x + int64_t{k} * kThreads] = make_float4(
+        v[k].x * inv * w[k].x, v[k].y * inv * w[k].y, v[k].z * inv * w[k].z, v[k].w * inv * w[k].w);
   }
 }
 
@@ -162,20 +161,36 @@ void launch_rmsnorm(float* x, const float* delta, const float* weight, float* ou
              (!kAdd || aligned16(delta)) && aligned16(weight) && aligned16(out)) {
     const int64_t dim4 = dim / 4;
     auto launch = [&](auto nv) {
-      rmsnorm_regs_kernel<kAdd, decltype(nv)::value><<<static_cast<unsigned>(rows), kThreads, 0,
-                                                       stream>>>(
-          reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(delta),
-          reinterpret_cast<const float4*>(weight), reinterpret_cast<float4*>(out), dim4, eps);
+      rmsnorm_regs_kernel<kAdd, decltype(nv)::value>
+          <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+              reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(delta),
+              reinterpret_cast<const float4*>(weight), reinterpret_cast<float4*>(out), dim4, eps);
     };
     switch (dim / (4 * kThreads)) {
-      case 1: launch(std::integral_constant<int, 1>{}); break;
-      case 2: launch(std::integral_constant<int, 2>{}); break;
-      case 3: launch(std::integral_constant<int, 3>{}); break;
-      case 4: launch(std::integral_constant<int, 4>{}); break;
-      case 5: launch(std::integral_constant<int, 5>{}); break;
-      case 6: launch(std::integral_constant<int, 6>{}); break;
-      case 7: launch(std::integral_constant<int, 7>{}); break;
-      default: launch(std::integral_constant<int, 8>{}); break;
+      case 1:
+        launch(std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        launch(std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        launch(std::integral_constant<int, 3>{});
+        break;
+      case 4:
+        launch(std::integral_constant<int, 4>{});
+        break;
+      case 5:
+        launch(std::integral_constant<int, 5>{});
+        break;
+      case 6:
+        launch(std::integral_constant<int, 6>{});
+        break;
+      case 7:
+        launch(std::integral_constant<int, 7>{});
+        break;
+      default:
+        launch(std::integral_constant<int, 8>{});
+        break;
     }
   } else {
     // 8+ floats per thread keep enough loads in flight; 512 threads for the widest rows.
@@ -209,6 +224,74 @@ __global__ void rope_neox_kernel(float* x, const int32_t* positions, int64_t n_p
   const double a = v[i], b = v[i + half];
   v[i] = static_cast<float>(a * c - b * s);
   v[i + half] = static_cast<float>(a * s + b * c);
+}
+
+// ---- The gated attention's head prologue (Ops::attention_heads) ----
+// One warp per head row, 8 rows a block: q rows (token t, head h) take the query half of q_gate's
+// head and write its gate half to `gate`; k rows are normed in place. The norm is
+// rmsnorm_warp_kernel's arithmetic and the rotation rope_neox_kernel's (angles in double), so the
+// result equals the unfused sequence bit for bit; the normed row goes through shared memory so
+// that each rotated pair meets in one lane. Rows up to kWarpRowsMaxDim floats.
+__global__ void __launch_bounds__(kThreads)
+    attention_heads_kernel(const float* __restrict__ q_gate, const float* __restrict__ q_norm,
+                           const float* __restrict__ k_norm, float* __restrict__ q,
+                           float* __restrict__ gate, float* k,
+                           const int32_t* __restrict__ positions, int64_t n, int n_head,
+                           int n_head_kv, int dim, int n_rot, double theta, float eps) {
+  pdl_launch_dependents();
+  __shared__ float s_rows[kThreads / 32][kWarpRowsMaxDim];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row = int64_t{blockIdx.x} * (kThreads / 32) + warp;
+  const int64_t q_rows = n * n_head;
+  if (row >= q_rows + n * n_head_kv) return;  // whole warps leave together
+  const bool is_q = row < q_rows;
+  const int64_t k_row = row - q_rows;
+  const int64_t t = is_q ? row / n_head : k_row / n_head_kv;
+  const float* src = is_q ? q_gate + row * 2 * dim : k + k_row * dim;
+  float* dst = is_q ? q + row * dim : k + k_row * dim;
+  const float* weight = is_q ? q_norm : k_norm;
+  float v[kWarpRowValues];
+#pragma unroll
+  for (int j = 0; j < kWarpRowValues; ++j) {
+    const int i = lane + 32 * j;
+    v[j] = i < dim ? src[i] : 0.0f;
+  }
+  if (is_q) {
+#pragma unroll
+    for (int j = 0; j < kWarpRowValues; ++j) {
+      const int i = lane + 32 * j;
+      if (i < dim) gate[row * dim + i] = src[dim + i];
+    }
+  }
+  float ss = 0;
+#pragma unroll
+  for (int j = 0; j < kWarpRowValues; ++j) ss += v[j] * v[j];
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / dim + eps);
+  float* normed = s_rows[warp];
+#pragma unroll
+  for (int j = 0; j < kWarpRowValues; ++j) {
+    const int i = lane + 32 * j;
+    if (i < dim) normed[i] = v[j] * inv * weight[i];
+  }
+  __syncwarp();
+  const int half = n_rot / 2;
+#pragma unroll
+  for (int j = 0; j < kWarpRowValues; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= dim) continue;
+    if (i >= n_rot) {
+      dst[i] = normed[i];
+      continue;
+    }
+    const int p = i < half ? i : i - half;  // the pair (p, p + half)
+    const double freq = pow(theta, -2.0 * p / n_rot);
+    const double angle = positions[t] * freq;
+    double sn, cs;
+    sincos(angle, &sn, &cs);
+    const double a = normed[p], b = normed[p + half];
+    dst[i] = i < half ? static_cast<float>(a * cs - b * sn) : static_cast<float>(a * sn + b * cs);
+  }
 }
 
 // ---- Plain elementwise ----
@@ -307,6 +390,26 @@ void rope_neox(float* x, const int32_t* positions, int64_t n, int n_heads, int h
   if (n_pairs == 0) return;
   rope_neox_kernel<<<blocks_for(n_pairs, kThreads), kThreads, 0, stream>>>(
       x, positions, n_pairs, n_heads, head_dim, token_stride, n_rot, double(theta));
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+bool attention_heads_fit(int head_dim, int n_rot) {
+  return head_dim <= kWarpRowsMaxDim && n_rot % 2 == 0 && n_rot <= head_dim;
+}
+
+void attention_heads(const float* q_gate, const float* q_norm, const float* k_norm, float* q,
+                     float* gate, float* k, const int32_t* positions, int64_t n, int n_head,
+                     int n_head_kv, int head_dim, int n_rot, float theta, float eps,
+                     cudaStream_t stream) {
+  if (!attention_heads_fit(head_dim, n_rot)) {
+    cuda_fail("attention_heads: head_dim " + std::to_string(head_dim) + ", n_rot " +
+              std::to_string(n_rot));
+  }
+  const int64_t rows = n * (n_head + n_head_kv);
+  if (rows == 0) return;
+  attention_heads_kernel<<<blocks_for(rows, kThreads / 32), kThreads, 0, stream>>>(
+      q_gate, q_norm, k_norm, q, gate, k, positions, n, n_head, n_head_kv, head_dim, n_rot,
+      double(theta), eps);
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 

@@ -146,6 +146,13 @@ void add_rmsnorm(float* x, const float* delta, const float* weight, float* out, 
 // ref::rope_neox at positions [n] (device).
 void rope_neox(float* x, const int32_t* positions, int64_t n, int n_heads, int head_dim,
                int64_t token_stride, int n_rot, float theta, cudaStream_t stream);
+// Ops::attention_heads in one launch (positions [n], device), equal to the unfused sequence bit
+// for bit; only where attention_heads_fit (head_dim <= 256).
+bool attention_heads_fit(int head_dim, int n_rot);
+void attention_heads(const float* q_gate, const float* q_norm, const float* k_norm, float* q,
+                     float* gate, float* k, const int32_t* positions, int64_t n, int n_head,
+                     int n_head_kv, int head_dim, int n_rot, float theta, float eps,
+                     cudaStream_t stream);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 void sigmoid_mul(const float* x, const float* gate, int64_t gate_stride, float* out, int64_t rows,
                  int64_t cols, cudaStream_t stream);

@@ -700,7 +700,8 @@ bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const flo
   const MatArg d = mat_arg(down, x, "experts_down_pairs");
   // A decode step's few pairs: the resident kernel (no quantisation launch; ncu on the 35B-A3B's
   // Q4_K down, one row: 9.5 us staged plus 2.2 us quantising).
-  if (n * k <= kResidentPairsMax && resident_experts_down_pairs(d, ids, x, down.in, n * k, y_pairs, stream))
+  if (n * k <= kResidentPairsMax &&
+      resident_experts_down_pairs(d, ids, x, down.in, n * k, y_pairs, stream))
     return true;
   if (staging_off() || staged_vec_of(d) < 4) return false;
   const Acts a = prepare_acts(x, n * k, down.in, true, workspace, stream);
