@@ -146,6 +146,7 @@ __device__ __forceinline__ void score_dots(const float* q_s, const float* k_row,
 template <int D, bool kSplit>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   using S = Smem<D>;
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
@@ -397,6 +398,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   __shared__ float weight_s[kTileVectors][kMaxSplits];
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int s = blockIdx.x, g = blockIdx.y, G = a.group;
@@ -510,10 +512,11 @@ void launch(const DeviceStep& step, const AttentionArgs& args, void* workspace,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const unsigned n_spans = static_cast<unsigned>(step.n_spans);
   const unsigned n_kv_heads = static_cast<unsigned>(args.n_head_kv);
-  attention_kernel<D, true>
-      <<<dim3(static_cast<unsigned>(n_splits), n_spans, n_kv_heads), kThreads, smem, stream>>>(ka);
+  launch_dependent(attention_kernel<D, true>,
+                   dim3(static_cast<unsigned>(n_splits), n_spans, n_kv_heads), kThreads, smem,
+                   stream, ka);
   QWENRT_CUDA_CHECK_LAUNCH();
-  combine_kernel<D><<<dim3(n_spans, n_kv_heads), kThreads, 0, stream>>>(ka);
+  launch_dependent(combine_kernel<D>, dim3(n_spans, n_kv_heads), kThreads, 0, stream, ka);
   QWENRT_CUDA_CHECK_LAUNCH();
   // Only when a span may be too long for the split shape: on tensor cores (attention_prefill.cu),
   // or this file's fp32 tiles with QWENRT_CUDA_FLASH_PREFILL=0.

@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kConvThreads, 4)  // 4: ptxas spills at its ow
                      const float* __restrict__ x, const float* __restrict__ kernel,
                      float* __restrict__ conv_state, float* __restrict__ mixed, int64_t C) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   __shared__ int s_first;
   __shared__ Span s_spans[kConvRows];  // the spans intersecting this tile; count 0 ends the list
   const int64_t r0 = int64_t{blockIdx.y} * kConvRows;
@@ -173,6 +174,7 @@ template <int kR>
 __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD)
     delta_rule_kernel(const DeltaParams prm) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   __shared__ float s_q[kMaxD], s_k[kMaxD], s_v[kMaxD];
   __shared__ float s_norms[3][kMaxD / 32];   // per-warp q.q, k.k, q.k of the current token
   __shared__ float s_red[2][kParts][kMaxD];  // per-part S^T k, S^T q
@@ -366,8 +368,8 @@ void launch_conv(const DeviceStep& step, const float* qkv, const float* kernel, 
                  float* mixed, int64_t C, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((C + kConvThreads - 1) / kConvThreads),
                   static_cast<unsigned>((step.n + kConvRows - 1) / kConvRows));
-  conv_silu_kernel<K><<<grid, kConvThreads, 0, stream>>>(step.spans, step.n_spans, step.n, qkv,
-                                                         kernel, conv_state, mixed, C);
+  launch_dependent(conv_silu_kernel<K>, grid, kConvThreads, 0, stream, step.spans, step.n_spans,
+                   step.n, qkv, kernel, conv_state, mixed, C);
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
@@ -445,7 +447,7 @@ __global__ void __launch_bounds__(kMaxD) delta_rule_any_d_kernel(const DeltaPara
 template <int kR>
 void launch_delta(const DeviceStep& step, const DeltaParams& prm, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(prm.n_v_heads), static_cast<unsigned>(step.n_spans));
-  delta_rule_kernel<kR><<<grid, kParts * prm.head_dim, 0, stream>>>(prm);
+  launch_dependent(delta_rule_kernel<kR>, grid, kParts * prm.head_dim, 0, stream, prm);
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 

@@ -43,6 +43,7 @@ template <bool kAdd>
 __global__ void rmsnorm_warp_kernel(float* x, const float* delta, const float* weight, float* out,
                                     int64_t rows, int dim, float eps) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t{blockIdx.x} * (kThreads / 32) + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps leave together: the shuffles below stay full-warp
@@ -87,6 +88,7 @@ __global__ void __launch_bounds__(kThreads)
     rmsnorm_regs_kernel(float4* x, const float4* __restrict__ delta,
                         const float4* __restrict__ weight, float4* out, int64_t dim4, float eps) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   __shared__ float s_warp[kThreads / 32];
   const int64_t row = blockIdx.x;
   float4* xr = x + row * dim4;
@@ -128,6 +130,7 @@ template <bool kAdd>
 __global__ void rmsnorm_block_kernel(float* x, const float* delta, const float* weight, float* out,
                                      int64_t dim, float eps) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   __shared__ float s_warp[32];
   const int64_t row = blockIdx.x;
   float* xr = x + row * dim;
@@ -155,16 +158,16 @@ void launch_rmsnorm(float* x, const float* delta, const float* weight, float* ou
                     int64_t dim, float eps, cudaStream_t stream) {
   if (rows == 0 || dim == 0) return;
   if (dim <= kWarpRowsMaxDim) {
-    rmsnorm_warp_kernel<kAdd><<<blocks_for(rows, kThreads / 32), kThreads, 0, stream>>>(
-        x, delta, weight, out, rows, static_cast<int>(dim), eps);
+    launch_dependent(rmsnorm_warp_kernel<kAdd>, blocks_for(rows, kThreads / 32), kThreads, 0,
+                     stream, x, delta, weight, out, rows, static_cast<int>(dim), eps);
   } else if (dim % (4 * kThreads) == 0 && dim <= 4 * kThreads * kRegsMaxVec && aligned16(x) &&
              (!kAdd || aligned16(delta)) && aligned16(weight) && aligned16(out)) {
     const int64_t dim4 = dim / 4;
     auto launch = [&](auto nv) {
-      rmsnorm_regs_kernel<kAdd, decltype(nv)::value>
-          <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-              reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(delta),
-              reinterpret_cast<const float4*>(weight), reinterpret_cast<float4*>(out), dim4, eps);
+      launch_dependent(
+          rmsnorm_regs_kernel<kAdd, decltype(nv)::value>, static_cast<unsigned>(rows), kThreads, 0,
+          stream, reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(delta),
+          reinterpret_cast<const float4*>(weight), reinterpret_cast<float4*>(out), dim4, eps);
     };
     switch (dim / (4 * kThreads)) {
       case 1:
@@ -195,8 +198,8 @@ void launch_rmsnorm(float* x, const float* delta, const float* weight, float* ou
   } else {
     // 8+ floats per thread keep enough loads in flight; 512 threads for the widest rows.
     const int threads = dim > 4096 ? 512 : 256;
-    rmsnorm_block_kernel<kAdd>
-        <<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, delta, weight, out, dim, eps);
+    launch_dependent(rmsnorm_block_kernel<kAdd>, static_cast<unsigned>(rows), threads, 0, stream, x,
+                     delta, weight, out, dim, eps);
   }
   QWENRT_CUDA_CHECK_LAUNCH();
 }
@@ -239,6 +242,7 @@ __global__ void __launch_bounds__(kThreads)
                            const int32_t* __restrict__ positions, int64_t n, int n_head,
                            int n_head_kv, int dim, int n_rot, double theta, float eps) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   __shared__ float s_rows[kThreads / 32][kWarpRowsMaxDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = int64_t{blockIdx.x} * (kThreads / 32) + warp;
@@ -339,6 +343,7 @@ struct Add {
 __global__ void sigmoid_mul_kernel(const float* x, const float* gate, int64_t gate_stride,
                                    float* out, int64_t rows, int64_t cols) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
@@ -407,9 +412,9 @@ void attention_heads(const float* q_gate, const float* q_norm, const float* k_no
   }
   const int64_t rows = n * (n_head + n_head_kv);
   if (rows == 0) return;
-  attention_heads_kernel<<<blocks_for(rows, kThreads / 32), kThreads, 0, stream>>>(
-      q_gate, q_norm, k_norm, q, gate, k, positions, n, n_head, n_head_kv, head_dim, n_rot,
-      double(theta), eps);
+  launch_dependent(attention_heads_kernel, blocks_for(rows, kThreads / 32), kThreads, 0, stream,
+                   q_gate, q_norm, k_norm, q, gate, k, positions, n, n_head, n_head_kv, head_dim,
+                   n_rot, double(theta), eps);
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
@@ -424,8 +429,8 @@ void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t str
 void sigmoid_mul(const float* x, const float* gate, int64_t gate_stride, float* out, int64_t rows,
                  int64_t cols, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
-  sigmoid_mul_kernel<<<grid_2d(rows, cols), kThreads, 0, stream>>>(x, gate, gate_stride, out, rows,
-                                                                   cols);
+  launch_dependent(sigmoid_mul_kernel, grid_2d(rows, cols), kThreads, 0, stream, x, gate,
+                   gate_stride, out, rows, cols);
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 

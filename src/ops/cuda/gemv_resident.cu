@@ -464,56 +464,13 @@ bool resident_off() {
   return off;
 }
 
-// Whether the device is sm_90 or later (programmatic dependent launch, bulk copies, mbarrier
-// transaction counts).
-bool sm90_or_later() {
-  static const bool yes = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return yes;
-}
-
-// Programmatic dependent launch: sm_90 and later, unless QWENRT_CUDA_PDL=0.
-bool pdl_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("QWENRT_CUDA_PDL");
-    return !(v && v[0] == '0') && sm90_or_later();
-  }();
-  return on;
-}
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    QWENRT_CUDA_CHECK(cudaGetDevice(&dev));
-    QWENRT_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
-    return count;
-  }();
-  return n;
-}
-
-// kernel<<<grid, threads, smem, stream>>>(a), with programmatic stream serialization where
-// pdl_on().
+// kernel<<<(grid, grid_y), threads, smem, stream>>>(a), with programmatic stream serialization
+// where pdl_on(), whatever the grid (a persistent grid is what fits on the GPU at once).
 template <class Kernel, class Args>
 void launch_pdl(Kernel* kernel, int64_t grid, int threads, size_t smem, cudaStream_t stream,
                 const Args& a, unsigned grid_y = 1) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid), grid_y);
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_on() ? 1 : 0;
-  QWENRT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+  launch_with_pdl(pdl_on(), kernel, dim3(static_cast<unsigned>(grid), grid_y),
+                  dim3(static_cast<unsigned>(threads)), smem, stream, a);
 }
 
 // Persistent blocks: as many as fit on the GPU at once with `smem` bytes each (at most `groups`).

@@ -125,6 +125,7 @@ __global__ void __launch_bounds__(kRouteThreads)
                        const float* __restrict__ x, const float* __restrict__ gate_inp, int64_t dim,
                        float* __restrict__ shared_scale) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   __shared__ double s_p[kRouteThreads * kPerThread];
   __shared__ double s_top[32];  // the chosen probabilities by rank (k <= 32)
   __shared__ float s_red[kRouteThreads / 32];
@@ -237,6 +238,7 @@ __global__ void combine_pairs_kernel(const float* __restrict__ pairs,
                                      const float* __restrict__ scale, float* __restrict__ out,
                                      int64_t dim, int64_t total) {
   pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int64_t r = i / dim, c = i % dim;
@@ -256,9 +258,9 @@ void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids
     cuda_fail("moe: top-" + std::to_string(k) + " of " + std::to_string(n_expert) + " experts");
   }
   auto launch = [&](auto per_thread) {
-    route_block_kernel<decltype(per_thread)::value>
-        <<<static_cast<unsigned>(n), kRouteThreads, 0, stream>>>(logits, n_expert, k, ids, weights,
-                                                                 x, gate_inp, dim, shared_scale);
+    launch_dependent(route_block_kernel<decltype(per_thread)::value>, static_cast<unsigned>(n),
+                     kRouteThreads, 0, stream, logits, n_expert, k, ids, weights, x, gate_inp, dim,
+                     shared_scale);
   };
   if (n_expert <= kRouteThreads) {
     launch(std::integral_constant<int, 1>{});
@@ -292,8 +294,8 @@ void moe_combine_pairs(const float* pairs, const float* weights, int k, const fl
                        const float* shared_scale, float* out, int64_t n, int64_t dim,
                        cudaStream_t stream) {
   if (n == 0) return;
-  combine_pairs_kernel<<<static_cast<unsigned>((n * dim + 255) / 256), 256, 0, stream>>>(
-      pairs, weights, k, shared, shared_scale, out, dim, n * dim);
+  launch_dependent(combine_pairs_kernel, static_cast<unsigned>((n * dim + 255) / 256), 256, 0,
+                   stream, pairs, weights, k, shared, shared_scale, out, dim, n * dim);
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
