@@ -109,16 +109,14 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, int32_t* 
   }
 }
 
-// One block of kRouteThreads per row, each thread holding kPerThread experts (e = tid + 256 q):
-// the softmax in double over the block, then each expert's rank among the row's probabilities
-// (the number of experts ahead of it: higher, or equal with a lower id, as ref's stable sort)
-// counted against all of them in shared memory, every expert at once; ranks below k are the
-// choices, renormalised over the chosen in rank order with the reference's floor. The shared
-// expert's gate sigmoid(x . gate_inp) of the row (gate_inp null: none) is summed by the whole
-// block, each thread's loads all in flight at once. (ncu on the 35B-A3B: one warp walking a
-// 2048-wide dot took 1.2 us of 7.9, and k rounds of a warp arg max in double most of the rest.)
-// A NaN logit leaves ranks unfilled: their ids stay -1 (the expert kernels then write NaN).
-template <int kPerThread>
+// One block of kRouteThreads per row. Its first warp routes up to 32 * kPerLane experts with
+// everything in registers: the softmax in double, k rounds of a warp arg max (ties to the lower
+// id), renormalised as ref does; a row with a NaN logit routes nowhere (ids -1, NaN weights). The
+// shared expert's gate sigmoid(x . gate_inp) of the row (gate_inp null: none) is summed by the
+// whole block first, each thread's loads all in flight at once. (Counting every expert's rank at
+// once, a thread an expert, instead of the k rounds measured slower end to end on the H200:
+// 35B-A3B 347.8 -> 314.8 tok/s, bench/results/h200-decode-small-kernels-2026-12-05.md.)
+template <int kPerLane>
 __global__ void __launch_bounds__(kRouteThreads)
     route_block_kernel(const float* __restrict__ logits, int n_expert, int k,
                        int32_t* __restrict__ ids, float* __restrict__ weights,
@@ -126,85 +124,88 @@ __global__ void __launch_bounds__(kRouteThreads)
                        float* __restrict__ shared_scale) {
   pdl_launch_dependents();
   pdl_wait();  // launched dependent (pdl.cuh): before any read
-  __shared__ double s_p[kRouteThreads * kPerThread];
-  __shared__ double s_top[32];  // the chosen probabilities by rank (k <= 32)
-  __shared__ float s_red[kRouteThreads / 32];
-  __shared__ double s_dred[kRouteThreads / 32];
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  __shared__ float s_gate[kRouteThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = blockIdx.x;
-  const float* l = logits + row * n_expert;
-  float lv[kPerThread];
-  float mx = -FLT_MAX;
-#pragma unroll
-  for (int q = 0; q < kPerThread; ++q) {
-    const int e = tid + kRouteThreads * q;
-    lv[q] = e < n_expert ? l[e] : -FLT_MAX;
-    mx = fmaxf(mx, lv[q]);
-  }
-  if (tid < k) {
-    ids[row * k + tid] = -1;
-    s_top[tid] = __longlong_as_double(0x7ff8000000000000LL);  // NaN until a rank fills it
-  }
   if (gate_inp) {
     const float* xr = x + row * dim;
     float acc = 0;
 #pragma unroll 8
-    for (int64_t i = tid; i < dim; i += kRouteThreads) acc += xr[i] * gate_inp[i];
+    for (int64_t i = threadIdx.x; i < dim; i += kRouteThreads) acc += xr[i] * gate_inp[i];
     acc = warp_sum(acc);
-    if (lane == 0) s_red[warp] = acc;
+    if (lane == 0) s_gate[warp] = acc;
     __syncthreads();
-    if (tid == 0) {
+    if (threadIdx.x == 0) {
       float total = 0;
-      for (int q = 0; q < kRouteThreads / 32; ++q) total += s_red[q];
+      for (int q = 0; q < kRouteThreads / 32; ++q) total += s_gate[q];
       shared_scale[row] = 1.0f / (1.0f + expf(-total));
     }
-    __syncthreads();
+  }
+  if (warp != 0) return;
+  const float* l = logits + row * n_expert;
+  double p[kPerLane];
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    const float v = e < n_expert ? l[e] : -FLT_MAX;
+    p[i] = v;
+    mx = fmaxf(mx, v);
   }
   for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (lane == 0) s_red[warp] = mx;
-  __syncthreads();
-#pragma unroll
-  for (int q = 0; q < kRouteThreads / 32; ++q) mx = fmaxf(mx, s_red[q]);
-  double ex[kPerThread];
   double sum = 0;
 #pragma unroll
-  for (int q = 0; q < kPerThread; ++q) {
-    const int e = tid + kRouteThreads * q;
-    ex[q] = e < n_expert ? exp(double(lv[q]) - double(mx)) : 0.0;
-    sum += ex[q];
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    p[i] = e < n_expert ? exp(p[i] - double(mx)) : 0.0;
+    sum += p[i];
   }
-  sum = warp_sum(sum);
-  if (lane == 0) s_dred[warp] = sum;
-  __syncthreads();
-  double total = 0;
-  for (int q = 0; q < kRouteThreads / 32; ++q) total += s_dred[q];
-#pragma unroll
-  for (int q = 0; q < kPerThread; ++q) {
-    const int e = tid + kRouteThreads * q;
-    if (e < n_expert) s_p[e] = ex[q] / total;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int q = 0; q < kPerThread; ++q) {
-    const int e = tid + kRouteThreads * q;
-    if (e >= n_expert) continue;
-    const double p = s_p[e];
-    int rank = 0;
-    for (int o = 0; o < n_expert && rank < k; ++o) {
-      const double po = s_p[o];
-      rank += po > p || (po == p && o < e);
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (sum != sum) {  // a NaN logit: route nowhere (the expert kernels then write NaN)
+    if (lane < k) {
+      ids[row * k + lane] = -1;
+      weights[row * k + lane] = __int_as_float(0x7fc00000);
     }
-    if (rank < k && p == p) {
-      ids[row * k + rank] = e;
-      s_top[rank] = p;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) p[i] /= sum;
+  double picked = 0;
+  double chosen_p = 0;  // lane j keeps choice j's probability (k <= 32)
+  int chosen_id = 0;
+  for (int j = 0; j < k; ++j) {
+    double v = -1;
+    int id = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < n_expert && p[i] > v) {  // ascending e per lane: the first of equal values
+        v = p[i];
+        id = e;
+      }
+    }
+    for (int off = 16; off > 0; off /= 2) {
+      const double ov = __shfl_xor_sync(0xffffffffu, v, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, id, off);
+      if (ov > v || (ov == v && oi < id)) {
+        v = ov;
+        id = oi;
+      }
+    }
+    picked += v;
+    if (lane == j) {
+      chosen_p = v;
+      chosen_id = id;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + 32 * i == id) p[i] = -2;  // taken
     }
   }
-  __syncthreads();
-  if (tid < k) {
-    double picked = 0;
-    for (int j = 0; j < k; ++j) picked += s_top[j];  // in choice order, as ref
-    picked = fmax(picked, 6.103515625e-5);
-    weights[row * k + tid] = static_cast<float>(s_top[tid] / picked);
+  picked = fmax(picked, 6.103515625e-5);
+  if (lane < k) {
+    ids[row * k + lane] = chosen_id;
+    weights[row * k + lane] = static_cast<float>(chosen_p / picked);
   }
 }
 
@@ -257,15 +258,19 @@ void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids
   if (k > n_expert || k > 32) {
     cuda_fail("moe: top-" + std::to_string(k) + " of " + std::to_string(n_expert) + " experts");
   }
-  auto launch = [&](auto per_thread) {
-    launch_dependent(route_block_kernel<decltype(per_thread)::value>, static_cast<unsigned>(n),
+  auto launch = [&](auto per_lane) {
+    launch_dependent(route_block_kernel<decltype(per_lane)::value>, static_cast<unsigned>(n),
                      kRouteThreads, 0, stream, logits, n_expert, k, ids, weights, x, gate_inp, dim,
                      shared_scale);
   };
-  if (n_expert <= kRouteThreads) {
-    launch(std::integral_constant<int, 1>{});
-  } else if (n_expert <= 2 * kRouteThreads) {
+  if (n_expert <= 64) {
     launch(std::integral_constant<int, 2>{});
+  } else if (n_expert <= 128) {
+    launch(std::integral_constant<int, 4>{});
+  } else if (n_expert <= 256) {
+    launch(std::integral_constant<int, 8>{});
+  } else if (n_expert <= 512) {
+    launch(std::integral_constant<int, 16>{});
   } else {
     if (gate_inp) cuda_fail("moe: a shared expert gate with more than 512 experts");
     route_kernel<<<static_cast<unsigned>(n), kRouteThreads, n_expert * sizeof(double), stream>>>(
