@@ -535,8 +535,8 @@ const std::string& dense_file() {
 
 // How close two runs of the fixture must be. The cuda matmuls quantise activations to int8 (decode
 // rows) or round them to bf16 (prefill GEMMs); the cpu backend's int8 activations measured 2.2e-2
-// against transformers on this fixture (test_qwen4exp.cpp). Most rows here are within 3.5e-2, but
-// a few rows land 0.06-0.17 away, and which rows depends on the rounding, not on the path: on the
+// against transformers on this fixture (test_qwen4exp.cpp). Most rows here are within 5e-2, but a
+// few rows land 0.06-0.17 away, and which rows depends on the rounding, not on the path: on the
 // H200 the bf16 prefill put rows 29, 33, 53, 162 over 5e-2, the int8 path (QWENRT_CUDA_GEMM_ROWS=0)
 // only row 53, and with QSA keeping every key the int8 path row 130 (0.055). A discrete choice
 // (top-10 of the MoE router, QSA's kept blocks) flipping on a near tie moves a whole row; so a few

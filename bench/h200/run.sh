@@ -209,7 +209,8 @@ if [[ ${HAVE_SMI} == 1 ]]; then
   meta_set gpu "$(jstr "$(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | head -1)")"
   nvidia-smi > "${WORK}/nvidia_smi.txt" 2>&1
 fi
-ldd "${QWENRT}" > "${WORK}/qwenrt_ldd.txt" 2>&1
+# Library paths inside the repository are written relative to it (results are committed).
+ldd "${QWENRT}" 2>&1 | sed "s#${REPO}/#./#g" > "${WORK}/qwenrt_ldd.txt"
 if grep -q "not found" "${WORK}/qwenrt_ldd.txt"; then
   log "error: qwenrt misses shared libraries (put them in ${LIBDIR}):"
   grep "not found" "${WORK}/qwenrt_ldd.txt" | tee -a "${RUNLOG}" >&2

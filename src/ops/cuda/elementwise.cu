@@ -153,6 +153,15 @@ __global__ void rmsnorm_block_kernel(float* x, const float* delta, const float* 
     out[row * dim + i] = xr[i] * inv * weight[i];
 }
 
+// fn(std::integral_constant<int, nv>{}) for nv in 1..kRegsMaxVec (the register kernel's NV).
+template <int NV = 1, class Fn>
+void with_vec_count(int nv, Fn&& fn) {
+  if constexpr (NV < kRegsMaxVec) {
+    if (nv > NV) return with_vec_count<NV + 1>(nv, fn);
+  }
+  fn(std::integral_constant<int, NV>{});
+}
+
 template <bool kAdd>
 void launch_rmsnorm(float* x, const float* delta, const float* weight, float* out, int64_t rows,
                     int64_t dim, float eps, cudaStream_t stream) {
@@ -169,32 +178,7 @@ void launch_rmsnorm(float* x, const float* delta, const float* weight, float* ou
           stream, reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(delta),
           reinterpret_cast<const float4*>(weight), reinterpret_cast<float4*>(out), dim4, eps);
     };
-    switch (dim / (4 * kThreads)) {
-      case 1:
-        launch(std::integral_constant<int, 1>{});
-        break;
-      case 2:
-        launch(std::integral_constant<int, 2>{});
-        break;
-      case 3:
-        launch(std::integral_constant<int, 3>{});
-        break;
-      case 4:
-        launch(std::integral_constant<int, 4>{});
-        break;
-      case 5:
-        launch(std::integral_constant<int, 5>{});
-        break;
-      case 6:
-        launch(std::integral_constant<int, 6>{});
-        break;
-      case 7:
-        launch(std::integral_constant<int, 7>{});
-        break;
-      default:
-        launch(std::integral_constant<int, 8>{});
-        break;
-    }
+    with_vec_count(static_cast<int>(dim / (4 * kThreads)), launch);
   } else {
     // 8+ floats per thread keep enough loads in flight; 512 threads for the widest rows.
     const int threads = dim > 4096 ? 512 : 256;
