@@ -26,6 +26,7 @@
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/op_profiler.h"
+#include "ops/cuda/prefetch_schedule.h"
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
@@ -63,6 +64,9 @@ class CudaOps final : public Ops {
     QWENRT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    QWENRT_CUDA_CHECK(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
+    QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_fork_, cudaEventDisableTiming));
+    QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_join_, cudaEventDisableTiming));
     for (auto& e : stage_done_)
       QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     profile_ = env_flag("QWENRT_CUDA_PROFILE", false);
@@ -71,6 +75,17 @@ class CudaOps final : public Ops {
       const long long r = std::atoll(v);
       grouped_min_rows_ = mmq_min_rows_ = r <= 0 ? INT64_MAX : r;
     }
+    // L2 prefetch (prefetch_schedule.h): QWENRT_CUDA_PREFETCH = events ahead (0: off),
+    // QWENRT_CUDA_PREFETCH_EXPERTS = 0 none, 1 the routed experts' down, 2 gate, up and down.
+    // Each event's prefetch is held to half of L2.
+    if (const char* v = std::getenv("QWENRT_CUDA_PREFETCH"); v != nullptr && *v != '\0')
+      prefetch_lead_ = std::atoi(v);
+    if (const char* v = std::getenv("QWENRT_CUDA_PREFETCH_EXPERTS"); v != nullptr && *v != '\0')
+      prefetch_experts_ = std::atoi(v);
+    prefetch_forked_ = env_flag("QWENRT_CUDA_PREFETCH_FORK", true);
+    int l2 = 0;
+    QWENRT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    prefetch_ = std::make_unique<cuda::PrefetchSchedule>(prefetch_lead_, int64_t{l2} / 2);
   }
 
   ~CudaOps() override {
@@ -80,8 +95,12 @@ class CudaOps final : public Ops {
     for (void* p : buffers_) cudaFree(p);
     for (void* p : weight_chunks_) cudaFree(p);
     for (auto& e : stage_done_) cudaEventDestroy(e);
+    cudaStreamSynchronize(prefetch_stream_);
     cudaEventDestroy(fork_);
     cudaEventDestroy(join_);
+    cudaEventDestroy(prefetch_fork_);
+    cudaEventDestroy(prefetch_join_);
+    cudaStreamDestroy(prefetch_stream_);
     cudaStreamDestroy(side_);
     cudaStreamDestroy(stream_);
   }
@@ -242,6 +261,7 @@ class CudaOps final : public Ops {
     Scope s(this, kMatmul);
     const Matrix m = matrix(w);
     cuda::matmul(m, x, y, n, ws_, stream_);
+    prefetch_after({m}, n, stream_);
   }
   void matmuls(const float* x, int64_t n, std::span<const Projection> projections) override {
     cuda::Projection p[kMaxProjections];
@@ -252,6 +272,9 @@ class CudaOps final : public Ops {
     if (skip(cuda::matmul_group_workspace_bytes(p, n_p, n))) return;
     Scope s(this, kMatmul);
     cuda::matmul_group(p, n_p, x, n, ws_, stream_);
+    Matrix read[kMaxProjections];
+    for (int i = 0; i < n_p; ++i) read[i] = p[i].w;
+    prefetch_after(std::span<const Matrix>(read, static_cast<size_t>(n_p)), n, stream_);
   }
   void rmsnorm(const float* x, const Weight& weight, float* out, int64_t rows, int64_t dim,
                float eps) override {
@@ -317,7 +340,9 @@ class CudaOps final : public Ops {
     if (skip(ws_bytes)) return;
     Scope s(this, kFfn);
     cuda::matmul_swiglu(g, u, x, mid, n, ws_, stream_);
+    prefetch_after({g, u}, n, stream_);
     cuda::matmul(d, mid, out, n, ws_, stream_);
+    prefetch_after({d}, n, stream_);
   }
 
   // ---- Blocks ----
@@ -387,13 +412,30 @@ class CudaOps final : public Ops {
       QWENRT_CUDA_CHECK(cudaEventRecord(fork_, stream_));
       QWENRT_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
       cuda::matmul_swiglu(sg, su, x, smid, n, side_ws, side_);
+      prefetch_after({sg, su}, n, side_);
       cuda::matmul(sd, smid, sout, n, side_ws, side_);
+      prefetch_after({sd}, n, side_);
       QWENRT_CUDA_CHECK(cudaEventRecord(join_, side_));
     }
     cuda::matmul(router, x, logits, n, ws_, stream_);
+    prefetch_after({router}, n, stream_);
+    // The chosen experts' weights asked into L2 by the routing kernel (decode-sized steps): the
+    // down halves arrive while the gate and up GEMVs run.
+    cuda::ExpertPrefetch expert_prefetch;
+    if (n <= kMaxPrefetchRows && !mmq && !grouped) {
+      const Matrix* chosen[] = {&down, &gate, &up};
+      const int count = prefetch_experts_ >= 2 ? 3 : prefetch_experts_ == 1 ? 1 : 0;
+      for (int i = 0; i < count; ++i) {
+        const Matrix& m = *chosen[i];
+        if (!placed(m.data, (m.n_expert - 1) * m.expert_bytes + m.out * m.row_bytes)) continue;
+        expert_prefetch.base[i] = m.data;
+        expert_prefetch.stride[i] = m.expert_bytes;  // a fused gate_up: both halves' stride
+        expert_prefetch.bytes[i] = m.out * m.row_bytes;
+      }
+    }
     cuda::moe_route(logits, n, n_expert, k, ids, weights, x,
-                    shared ? ref::f32_data(w.shared_gate_inp) : nullptr, dim, shared_scale,
-                    stream_);
+                    shared ? ref::f32_data(w.shared_gate_inp) : nullptr, dim, shared_scale, stream_,
+                    expert_prefetch);
     if (mmq) {
       const cuda::ExpertOrder order = cuda::order_by_expert(
           ids, n * k, n_expert, cuda::mmq_tile_rows(n * k, n_expert), order_ws, stream_);
@@ -655,6 +697,8 @@ class CudaOps final : public Ops {
   static constexpr int64_t kWeightChunk = int64_t{1} << 30;
   static constexpr size_t kMaxProjections = 8;
   static constexpr int64_t kMaxGraphRows = 16;
+  // Steps of at most this many rows prefetch weights into L2 (GEMV-shaped reads).
+  static constexpr int64_t kMaxPrefetchRows = 64;
 
   enum class Mode { kEager, kCapture, kReplay };
   // What a captured step is keyed by: everything that sets a launch's shape.
@@ -689,6 +733,14 @@ class CudaOps final : public Ops {
             .data = v.data,
             .q8_superblocks = v.dtype == DType::Q8_0 && in_q8_superblocks(v.data)};
   }
+  // Whether [p, p + bytes) lies in placed weight memory (only that is prefetched into L2).
+  bool placed(const void* p, int64_t bytes) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = weight_ranges_.upper_bound(a);
+    if (it == weight_ranges_.begin()) return false;
+    --it;
+    return a + static_cast<uintptr_t>(bytes) <= it->second;
+  }
   // Whether a placed weight (or a view into one) was repacked into Q8_0 superblocks.
   bool in_q8_superblocks(const void* p) const {
     const auto a = reinterpret_cast<uintptr_t>(p);
@@ -712,6 +764,8 @@ class CudaOps final : public Ops {
              placed_bytes_);
       }
       weight_chunks_.push_back(p);
+      weight_ranges_[reinterpret_cast<uintptr_t>(p)] =
+          reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(weight_chunk_size_);
       weight_used_ = 0;
     }
     uint8_t* p = static_cast<uint8_t*>(weight_chunks_.back()) + weight_used_;
@@ -880,6 +934,37 @@ class CudaOps final : public Ops {
     return false;
   }
 
+  // After a launch on `stream` that read the weights `read` (whole matrices): L2 prefetches of the
+  // weights the step reads next (prefetch_schedule.h), in decode-sized steps.
+  void prefetch_after(std::span<const Matrix> read, int64_t n, cudaStream_t stream) {
+    if (prefetch_lead_ <= 0 || n > kMaxPrefetchRows || read.size() > kMaxProjections) return;
+    cuda::PrefetchSchedule::Range ranges[kMaxProjections];
+    for (size_t i = 0; i < read.size(); ++i) {
+      const int64_t bytes = read[i].out * read[i].row_bytes * read[i].n_expert;
+      if (!placed(read[i].data, bytes)) return;
+      ranges[i] = {read[i].data, bytes};
+    }
+    const std::vector<cuda::PrefetchSchedule::Range> next = prefetch_->read({ranges, read.size()});
+    if (next.empty()) return;
+    // Off the main stream, the prefetches wait for the launch before them and hold up nothing
+    // after it; the side stream (the shared expert, itself beside the main one) takes them inline.
+    const bool fork = prefetch_forked_ && stream == stream_;
+    if (fork) {
+      QWENRT_CUDA_CHECK(cudaEventRecord(prefetch_fork_, stream_));
+      QWENRT_CUDA_CHECK(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0));
+    }
+    for (const auto& r : next) cuda::l2_prefetch(r.p, r.bytes, fork ? prefetch_stream_ : stream);
+    if (fork) {
+      QWENRT_CUDA_CHECK(cudaEventRecord(prefetch_join_, prefetch_stream_));
+      // A capture must join every stream it forked; eager steps need no join (nothing reads
+      // what a prefetch does).
+      if (mode_ == Mode::kCapture) prefetch_pending_ = true;
+    }
+  }
+  void prefetch_after(std::initializer_list<Matrix> read, int64_t n, cudaStream_t stream) {
+    prefetch_after(std::span<const Matrix>(read.begin(), read.size()), n, stream);
+  }
+
   // Every op starts here: true means the op is part of a graph that replays, so it only counts
   // and takes its workspace (the same addresses as at capture). `ws_bytes` of workspace go to ws_:
   // scratch that only this op uses, so every op's starts at the same address.
@@ -900,6 +985,8 @@ class CudaOps final : public Ops {
   // marked as never captured again.
   void end_capture(const char* what) {
     if (mode_ == Mode::kCapture) {
+      if (prefetch_pending_) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, prefetch_join_, 0));
+      prefetch_pending_ = false;
       cudaGraph_t graph = nullptr;
       QWENRT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       Graph g;
@@ -931,6 +1018,8 @@ class CudaOps final : public Ops {
 
   void abort_capture() {
     cudaGraph_t graph = nullptr;
+    if (prefetch_pending_) cudaStreamWaitEvent(stream_, prefetch_join_, 0);
+    prefetch_pending_ = false;
     cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
     cudaGetLastError();
@@ -953,7 +1042,8 @@ class CudaOps final : public Ops {
   PinnedBuffer stage_[2];
   DeviceBuffer repack_scratch_;
   std::map<uintptr_t, uintptr_t>
-      q8_superblock_ranges_;  // placed Q8_0 superblock tensors: [start, end)
+      q8_superblock_ranges_;                      // placed Q8_0 superblock tensors: [start, end)
+  std::map<uintptr_t, uintptr_t> weight_ranges_;  // weight_chunks_: [start, end)
   cudaEvent_t stage_done_[2] = {};
   int stage_next_ = 0;
   std::function<void(uint64_t, uint64_t)> progress_;
@@ -995,6 +1085,14 @@ class CudaOps final : public Ops {
   uint64_t capture_generation_ = 0;
   Graph* replay_ = nullptr;
   int64_t op_count_ = 0;
+
+  int prefetch_lead_ = 1;
+  int prefetch_experts_ = 1;
+  bool prefetch_forked_ = true;  // on prefetch_stream_ (QWENRT_CUDA_PREFETCH_FORK=0: inline)
+  std::unique_ptr<cuda::PrefetchSchedule> prefetch_;
+  cudaStream_t prefetch_stream_ = nullptr;
+  cudaEvent_t prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
+  bool prefetch_pending_ = false;  // a capture forked prefetch_stream_ and has not joined it
 
   bool profile_ = false;
   cuda::OpProfiler profiler_;

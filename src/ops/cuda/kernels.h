@@ -137,6 +137,12 @@ void mmq_experts(const Matrix& gate, const Matrix& up, const Matrix& down, const
 // QWENRT_CUDA_MOE_MMQ=0 keeps the bf16 grouped kernels (read per call).
 bool mmq_experts_enabled();
 
+// ---- L2 prefetch (prefetch.cu) ----
+// Asks for [p, p + bytes) to be brought into L2 (device memory; no completion to wait for). A
+// decode step issues it for weights a later kernel reads while the kernels between them leave the
+// memory bus idle.
+void l2_prefetch(const void* p, int64_t bytes, cudaStream_t stream);
+
 // ---- Elementwise (elementwise.cu) ----
 void rmsnorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
              cudaStream_t stream);
@@ -198,10 +204,18 @@ void deltanet_chunked(const DeviceStep& step, const DeltaNetArgs& args, const fl
 
 // ---- MoE routing (moe.cu) ----
 // ref::moe_route on logits [n, n_expert]: ids / weights [n, k]; with gate_inp [dim] (else null)
-// also the shared expert's gate shared_scale [n] = sigmoid(x[r] . gate_inp).
+// also the shared expert's gate shared_scale [n] = sigmoid(x[r] . gate_inp). With prefetch, each
+// chosen expert's slices of the given tensors are asked into L2 as soon as it is chosen (sm_90;
+// the kernels that read them run next).
+struct ExpertPrefetch {
+  static constexpr int kMax = 3;
+  const void* base[kMax] = {};  // expert 0 of each tensor (null: none)
+  int64_t stride[kMax] = {};    // expert e at base + e * stride
+  int64_t bytes[kMax] = {};     // of which this many bytes are read
+};
 void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids, float* weights,
                const float* x, const float* gate_inp, int64_t dim, float* shared_scale,
-               cudaStream_t stream);
+               cudaStream_t stream, const ExpertPrefetch& prefetch = {});
 // out [n, dim] = sum_j weights[r, j] * pairs[r * k + j] + shared_scale[r] * shared [n, dim]
 // (shared null: no shared expert).
 void moe_combine_pairs(const float* pairs, const float* weights, int k, const float* shared,

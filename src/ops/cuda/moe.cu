@@ -9,6 +9,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/prefetch.cuh"
 #include "ops/cuda/warp.cuh"
 
 namespace qwenrt::ops::cuda {
@@ -113,7 +114,8 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, int32_t* 
 // everything in registers: the softmax in double, k rounds of a warp arg max (ties to the lower
 // id), renormalised as ref does; a row with a NaN logit routes nowhere (ids -1, NaN weights). The
 // shared expert's gate sigmoid(x . gate_inp) of the row (gate_inp null: none) is summed by the
-// whole block first, each thread's loads all in flight at once. (Counting every expert's rank at
+// whole block first, each thread's loads all in flight at once. Lane j asks L2 for choice j's
+// slices of the prefetch tensors. (Counting every expert's rank at
 // once, a thread an expert, instead of the k rounds measured slower end to end on the H200:
 // 35B-A3B 347.8 -> 314.8 tok/s, bench/results/h200-decode-small-kernels-2026-12-05.md.)
 template <int kPerLane>
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(kRouteThreads)
     route_block_kernel(const float* __restrict__ logits, int n_expert, int k,
                        int32_t* __restrict__ ids, float* __restrict__ weights,
                        const float* __restrict__ x, const float* __restrict__ gate_inp, int64_t dim,
-                       float* __restrict__ shared_scale) {
+                       float* __restrict__ shared_scale, const ExpertPrefetch prefetch) {
   pdl_launch_dependents();
   pdl_wait();  // launched dependent (pdl.cuh): before any read
   __shared__ float s_gate[kRouteThreads / 32];
@@ -206,6 +208,13 @@ __global__ void __launch_bounds__(kRouteThreads)
   if (lane < k) {
     ids[row * k + lane] = chosen_id;
     weights[row * k + lane] = static_cast<float>(chosen_p / picked);
+#pragma unroll
+    for (int m = 0; m < ExpertPrefetch::kMax; ++m) {
+      if (prefetch.base[m] == nullptr) continue;
+      l2_prefetch_range(
+          static_cast<const char*>(prefetch.base[m]) + int64_t{chosen_id} * prefetch.stride[m],
+          prefetch.bytes[m]);
+    }
   }
 }
 
@@ -253,7 +262,7 @@ __global__ void combine_pairs_kernel(const float* __restrict__ pairs,
 
 void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids, float* weights,
                const float* x, const float* gate_inp, int64_t dim, float* shared_scale,
-               cudaStream_t stream) {
+               cudaStream_t stream, const ExpertPrefetch& prefetch) {
   if (n == 0) return;
   if (k > n_expert || k > 32) {
     cuda_fail("moe: top-" + std::to_string(k) + " of " + std::to_string(n_expert) + " experts");
@@ -261,7 +270,7 @@ void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids
   auto launch = [&](auto per_lane) {
     launch_dependent(route_block_kernel<decltype(per_lane)::value>, static_cast<unsigned>(n),
                      kRouteThreads, 0, stream, logits, n_expert, k, ids, weights, x, gate_inp, dim,
-                     shared_scale);
+                     shared_scale, prefetch);
   };
   if (n_expert <= 64) {
     launch(std::integral_constant<int, 2>{});
