@@ -75,9 +75,9 @@ class CudaOps final : public Ops {
       const long long r = std::atoll(v);
       grouped_min_rows_ = mmq_min_rows_ = r <= 0 ? INT64_MAX : r;
     }
-    // L2 prefetch (prefetch_schedule.h): QWENRT_CUDA_PREFETCH = events ahead (0: off),
-    // QWENRT_CUDA_PREFETCH_EXPERTS = 0 none, 1 the routed experts' down, 2 gate, up and down.
-    // Each event's prefetch is held to half of L2.
+    // L2 prefetch (prefetch_schedule.h): QWENRT_CUDA_PREFETCH = events ahead (0: off, the
+    // default until measured), QWENRT_CUDA_PREFETCH_EXPERTS = 0 none, 1 the routed experts'
+    // down, 2 gate, up and down. Each event's prefetch is held to half of L2.
     if (const char* v = std::getenv("QWENRT_CUDA_PREFETCH"); v != nullptr && *v != '\0')
       prefetch_lead_ = std::atoi(v);
     if (const char* v = std::getenv("QWENRT_CUDA_PREFETCH_EXPERTS"); v != nullptr && *v != '\0')
@@ -1086,8 +1086,8 @@ class CudaOps final : public Ops {
   Graph* replay_ = nullptr;
   int64_t op_count_ = 0;
 
-  int prefetch_lead_ = 1;
-  int prefetch_experts_ = 1;
+  int prefetch_lead_ = 0;
+  int prefetch_experts_ = 0;
   bool prefetch_forked_ = true;  // on prefetch_stream_ (QWENRT_CUDA_PREFETCH_FORK=0: inline)
   std::unique_ptr<cuda::PrefetchSchedule> prefetch_;
   cudaStream_t prefetch_stream_ = nullptr;
