@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "ops/cuda/kernels.h"
 
 namespace {
@@ -28,16 +29,6 @@ using namespace qwenrt::ops::cuda;
 constexpr double kRooflineGBs = 4270.0;
 constexpr int64_t kRotateBytes = 256ll << 20;  // rotate over at least this much weight data
 constexpr int64_t kMaxCopyBytes = 6ll << 30;   // but hold no more than this at once
-
-#define BENCH_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    const cudaError_t bench_err_ = (expr);                                                   \
-    if (bench_err_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(bench_err_), \
-                   __FILE__, __LINE__);                                                      \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 struct TypeInfo {
   DType type;
@@ -77,14 +68,7 @@ struct Copy {
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
   std::vector<int> rows_list = {1, 4, 8};
-  if (argc > 2) {
-    rows_list.clear();
-    for (const char* p = argv[2]; *p;) {
-      rows_list.push_back(std::max(1, std::atoi(p)));
-      while (*p && *p != ',') ++p;
-      if (*p == ',') ++p;
-    }
-  }
+  if (argc > 2) rows_list = parse_int_list(argv[2], 1);
   const char* type_filter = std::getenv("QWENRT_BENCH_TYPES");
   auto wanted = [&](const char* name) {
     if (type_filter == nullptr || *type_filter == '\0') return true;

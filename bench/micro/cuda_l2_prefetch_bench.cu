@@ -17,22 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "ops/cuda/kernels.h"
 
 namespace {
 
 using qwenrt::DType;
 using namespace qwenrt::ops::cuda;
-
-#define BENCH_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    const cudaError_t bench_err_ = (expr);                                                   \
-    if (bench_err_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(bench_err_), \
-                   __FILE__, __LINE__);                                                      \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 constexpr int64_t kRotateBytes = 512ll << 20;
 constexpr int kExperts = 256, kTopK = 8;
@@ -63,14 +54,7 @@ const Shape kShapes[] = {
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
   std::vector<int> spins = {5, 10, 20};
-  if (argc > 2) {
-    spins.clear();
-    for (const char* p = argv[2]; *p;) {
-      spins.push_back(std::max(0, std::atoi(p)));
-      while (*p && *p != ',') ++p;
-      if (*p == ',') ++p;
-    }
-  }
+  if (argc > 2) spins = parse_int_list(argv[2], 0);
   int dev = 0, clock_khz = 0;
   BENCH_CUDA(cudaGetDevice(&dev));
   BENCH_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
