@@ -150,6 +150,7 @@ void Scheduler::Impl::admit(Sequence& seq) {
   // it was taken; one missing there, the reply's last, only makes drafts a little worse).
   seq.mtp_next = seq.position;
   seq.mtp_first.reset();
+  seq.mtp_held.clear();
   // What the reply starts with when it starts outside a think block, or when a zero budget
   // closes the block at once.
   if (!seq.thinking) {
@@ -306,7 +307,10 @@ void Scheduler::Impl::finish(Sequence& seq, FinishReason reason, std::string err
   u.n_checks = seq.n_checks;
   const bool completed = reason == FinishReason::kStopToken ||
                          reason == FinishReason::kStopString || reason == FinishReason::kLength;
-  if (cache && completed && seq.slot >= 0) cache_reply(seq);
+  if (cache && completed && seq.slot >= 0) {
+    flush_mtp_held(seq);
+    cache_reply(seq);
+  }
   if (seq.slot >= 0) {
     u.queue_seconds = seconds_between(seq.t_submit, seq.t_admit);
     u.prompt_seconds = seconds_between(seq.t_admit, seq.has_first ? seq.t_first : now);

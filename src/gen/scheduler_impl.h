@@ -77,7 +77,10 @@ struct Sequence {
   int64_t mtp_next = 0;
   std::optional<int32_t> mtp_first;
   std::vector<float> mtp_hidden;
-  int64_t mtp_base = 0;       // the MTP track's length before this step's chain
+  int64_t mtp_base = 0;  // the MTP track's length before this step's chain
+  // While drafting is paused: the trunk's hidden states of positions mtp_next, mtp_next + 1, ...
+  // not yet fed (feed_mtp holds them back and feeds them in one step later).
+  std::vector<float> mtp_held;
   bool snapshot_due = false;  // a prompt snapshot waits for the step's MTP rows
 };
 
@@ -134,8 +137,12 @@ struct Scheduler::Impl {
   void chain_mtp_drafts();
   // After a step: feeds the MTP block the rows of every position the trunk now holds (the trunk's
   // hidden state at p and the token at p + 1), and takes the first draft of the next step from
-  // the last of them.
+  // the last of them. While a decoding sequence's drafting is paused its rows are held back
+  // (Sequence::mtp_held, up to kMtpHeldRows) and fed together when drafting resumes: a paused
+  // drafter then costs one MTP step per kMtpHeldRows tokens, not one per token.
   void feed_mtp();
+  // Feeds a finishing sequence's held rows, so a reply snapshot holds the whole MTP track.
+  void flush_mtp_held(Sequence& seq);
   // After a check: takes the sampled tokens while they equal the drafts, then rolls the slot
   // back to what was accepted. `first` indexes the check's first sampled token.
   void check_drafts(Sequence& seq, const Entry& e, size_t first);
@@ -183,6 +190,7 @@ struct Scheduler::Impl {
   } draft_cost;
   static constexpr int kCostSamples = 4;
   static constexpr int kCostPauseSteps = 256;
+  static constexpr int64_t kMtpHeldRows = 64;
 };
 
 }  // namespace qwenrt::gen

@@ -89,28 +89,73 @@ void Scheduler::Impl::feed_mtp() {
     Sequence& s = *en.seq;
     if (en.hidden_row < 0 || s.slot < 0) continue;  // not drafting with the MTP block, or ended
     s.mtp_first.reset();
-    // Rows p < end: the trunk holds p (its hidden state came from this step) and the token at
-    // p + 1 is known (the one to feed next, for the last).
+    // Rows p < end: the trunk holds p (its hidden state came from this step, or is held) and the
+    // token at p + 1 is known (the one to feed next, for the last).
     const int64_t text = static_cast<int64_t>(s.params.prompt.size() + s.generated.size());
     const int64_t end = std::min(engine.states().n_tokens(s.slot), text - 1);
-    if (s.mtp_next < en.first_position) s.mtp_next = en.first_position;  // (not after admit)
+    auto held_rows = static_cast<int64_t>(s.mtp_held.size()) / e;
+    // Held rows must run up to this step's first row; otherwise (not after admit, or after a
+    // rollback) they are dropped and the rows go on from this step's.
+    if (held_rows > 0 && s.mtp_next + held_rows != en.first_position) {
+      s.mtp_held.clear();
+      held_rows = 0;
+    }
+    if (held_rows == 0 && s.mtp_next < en.first_position) s.mtp_next = en.first_position;
     if (s.mtp_next >= end) continue;
     // The next step may draft: the last row's logits give its first draft.
     const bool first = !s.prefilling() && s.feed.size() == 1 && s.forced.empty() &&
                        draft_cost.paused == 0 && s.controller.drafts_next();
-    auto position = static_cast<int32_t>(engine.states().n_mtp_tokens(s.slot));
-    for (int64_t p = s.mtp_next; p < end; ++p) {
-      const float* h = hidden.data() + (en.hidden_row + p - en.first_position) * e;
-      mtp_batch.add(s.slot, token_at(s, p + 1), position++, std::span(h, e), first && p + 1 == end);
+    const auto hidden_at = [&](int64_t p) {
+      return p < en.first_position ? s.mtp_held.data() + (p - s.mtp_next) * e
+                                   : hidden.data() + (en.hidden_row + p - en.first_position) * e;
+    };
+    // Drafting paused while decoding (prompt rows always go in: snapshots hold them): hold.
+    if (!first && !s.prefilling() && !s.snapshot_due &&
+        std::max(end, en.first_position) - s.mtp_next <= kMtpHeldRows) {
+      for (int64_t p = s.mtp_next + held_rows; p < end; ++p) {
+        const float* h = hidden_at(p);
+        s.mtp_held.insert(s.mtp_held.end(), h, h + e);
+      }
+      continue;
     }
+    auto position = static_cast<int32_t>(engine.states().n_mtp_tokens(s.slot));
+    for (int64_t p = s.mtp_next; p < end; ++p)
+      mtp_batch.add(s.slot, token_at(s, p + 1), position++, std::span(hidden_at(p), e),
+                    first && p + 1 == end);
+    s.mtp_held.clear();  // (the batch holds copies of the rows)
     s.mtp_next = end;
     if (first) mtp_rows_of.push_back(&s);
   }
-  if (mtp_batch.size() == 0) return;
-  engine.mtp_draft(mtp_batch, mtp_drafts, mtp_out);
-  for (size_t i = 0; i < mtp_rows_of.size(); ++i) {
-    mtp_rows_of[i]->mtp_first = mtp_drafts[i];
-    mtp_rows_of[i]->mtp_hidden.assign(mtp_out.begin() + i * e, mtp_out.begin() + (i + 1) * e);
+  if (mtp_batch.size() != 0) {
+    engine.mtp_draft(mtp_batch, mtp_drafts, mtp_out);
+    for (size_t i = 0; i < mtp_rows_of.size(); ++i) {
+      mtp_rows_of[i]->mtp_first = mtp_drafts[i];
+      mtp_rows_of[i]->mtp_hidden.assign(mtp_out.begin() + i * e, mtp_out.begin() + (i + 1) * e);
+    }
+  }
+}
+
+void Scheduler::Impl::flush_mtp_held(Sequence& s) {
+  const int64_t e = engine.config().n_embd;
+  const auto held_rows = static_cast<int64_t>(s.mtp_held.size()) / e;
+  if (held_rows == 0 || s.slot < 0) return;
+  engine::MtpBatch batch;
+  auto position = static_cast<int32_t>(engine.states().n_mtp_tokens(s.slot));
+  for (int64_t i = 0; i < held_rows; ++i) {
+    const int64_t p = s.mtp_next + i;
+    if (p + 1 >= static_cast<int64_t>(s.params.prompt.size() + s.generated.size())) break;
+    batch.add(s.slot, token_at(s, p + 1), position++, std::span(s.mtp_held.data() + i * e, e),
+              false);
+  }
+  s.mtp_held.clear();
+  if (batch.size() == 0) return;
+  std::vector<int32_t> drafts;
+  std::vector<float> out;
+  try {
+    engine.mtp_draft(batch, drafts, out);
+    s.mtp_next += static_cast<int64_t>(batch.size());
+  } catch (const std::exception& ex) {  // the reply is done; its snapshot only drafts worse
+    log(LogLevel::kWarn, "scheduler: an MTP step failed: {}", ex.what());
   }
 }
 
