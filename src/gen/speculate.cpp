@@ -141,14 +141,12 @@ void Scheduler::Impl::flush_mtp_held(Sequence& s) {
   if (held_rows == 0 || s.slot < 0) return;
   engine::MtpBatch batch;
   auto position = static_cast<int32_t>(engine.states().n_mtp_tokens(s.slot));
+  // (Held rows end before the text does: feed_mtp held only rows whose next token was known.)
   for (int64_t i = 0; i < held_rows; ++i) {
-    const int64_t p = s.mtp_next + i;
-    if (p + 1 >= static_cast<int64_t>(s.params.prompt.size() + s.generated.size())) break;
-    batch.add(s.slot, token_at(s, p + 1), position++, std::span(s.mtp_held.data() + i * e, e),
-              false);
+    batch.add(s.slot, token_at(s, s.mtp_next + i + 1), position++,
+              std::span(s.mtp_held.data() + i * e, e), false);
   }
   s.mtp_held.clear();
-  if (batch.size() == 0) return;
   std::vector<int32_t> drafts;
   std::vector<float> out;
   try {

@@ -315,8 +315,9 @@ class CpuOps final : public HostOps {
   // Repacked weights are bump-allocated (64-byte aligned) from chunks of at least 256 MiB, aligned
   // to 2 MiB and advised MADV_HUGEPAGE before first touch. Where transparent huge pages are
   // "madvise" (a common default) a plain allocation gets 4 KiB pages, and a GEMV streaming
-  // gigabytes then misses the TLB every 4 KiB: this machine's read bandwidth measures 31 GB/s on
-  // 4 KiB pages and 58 GB/s on huge pages (2 threads).
+  // gigabytes then misses the TLB every 4 KiB. One host of this machine class read 31 GB/s on
+  // 4 KiB pages and 58 GB/s on huge pages (2 threads, bench/results/cpu-compare-2026-12-05.md);
+  // another read both alike, with decode unchanged (docs/decisions.md).
   uint8_t* weight_memory(int64_t bytes, const std::string& name) {
     constexpr int64_t kHuge = int64_t{2} << 20, kChunk = int64_t{256} << 20;
     bytes = (bytes + 63) / 64 * 64;

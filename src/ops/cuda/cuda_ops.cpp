@@ -26,7 +26,7 @@
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/op_profiler.h"
-#include "ops/cuda/prefetch_schedule.h"
+#include "ops/cuda/prefetch.h"
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
@@ -64,9 +64,6 @@ class CudaOps final : public Ops {
     QWENRT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-    QWENRT_CUDA_CHECK(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
-    QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_fork_, cudaEventDisableTiming));
-    QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_join_, cudaEventDisableTiming));
     for (auto& e : stage_done_)
       QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     profile_ = env_flag("QWENRT_CUDA_PROFILE", false);
@@ -75,17 +72,7 @@ class CudaOps final : public Ops {
       const long long r = std::atoll(v);
       grouped_min_rows_ = mmq_min_rows_ = r <= 0 ? INT64_MAX : r;
     }
-    // L2 prefetch (prefetch_schedule.h): QWENRT_CUDA_PREFETCH = events ahead (0: off, the
-    // default until measured), QWENRT_CUDA_PREFETCH_EXPERTS = 0 none, 1 the routed experts'
-    // down, 2 gate, up and down. Each event's prefetch is held to half of L2.
-    if (const char* v = std::getenv("QWENRT_CUDA_PREFETCH"); v != nullptr && *v != '\0')
-      prefetch_lead_ = std::atoi(v);
-    if (const char* v = std::getenv("QWENRT_CUDA_PREFETCH_EXPERTS"); v != nullptr && *v != '\0')
-      prefetch_experts_ = std::atoi(v);
-    prefetch_forked_ = env_flag("QWENRT_CUDA_PREFETCH_FORK", true);
-    int l2 = 0;
-    QWENRT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-    prefetch_ = std::make_unique<cuda::PrefetchSchedule>(prefetch_lead_, int64_t{l2} / 2);
+    prefetcher_ = std::make_unique<cuda::L2Prefetcher>(device);
   }
 
   ~CudaOps() override {
@@ -93,14 +80,11 @@ class CudaOps final : public Ops {
     if (profile_) profiler_.print();
     for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
     for (void* p : buffers_) cudaFree(p);
-    for (void* p : weight_chunks_) cudaFree(p);
+    for (const auto& [start, end] : weight_chunks_) cudaFree(reinterpret_cast<void*>(start));
     for (auto& e : stage_done_) cudaEventDestroy(e);
-    cudaStreamSynchronize(prefetch_stream_);
+    prefetcher_.reset();
     cudaEventDestroy(fork_);
     cudaEventDestroy(join_);
-    cudaEventDestroy(prefetch_fork_);
-    cudaEventDestroy(prefetch_join_);
-    cudaStreamDestroy(prefetch_stream_);
     cudaStreamDestroy(side_);
     cudaStreamDestroy(stream_);
   }
@@ -424,8 +408,7 @@ class CudaOps final : public Ops {
     cuda::ExpertPrefetch expert_prefetch;
     if (n <= kMaxPrefetchRows && !mmq && !grouped) {
       const Matrix* chosen[] = {&down, &gate, &up};
-      const int count = prefetch_experts_ >= 2 ? 3 : prefetch_experts_ == 1 ? 1 : 0;
-      for (int i = 0; i < count; ++i) {
+      for (int i = 0; i < prefetcher_->expert_tensors(); ++i) {
         const Matrix& m = *chosen[i];
         if (!placed(m.data, (m.n_expert - 1) * m.expert_bytes + m.out * m.row_bytes)) continue;
         expert_prefetch.base[i] = m.data;
@@ -733,29 +716,26 @@ class CudaOps final : public Ops {
             .data = v.data,
             .q8_superblocks = v.dtype == DType::Q8_0 && in_q8_superblocks(v.data)};
   }
+  // Whether [p, p + bytes) lies inside one of the ranges ([start, end) by start).
+  static bool in_ranges(const std::map<uintptr_t, uintptr_t>& ranges, const void* p,
+                        int64_t bytes) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = ranges.upper_bound(a);
+    if (it == ranges.begin()) return false;
+    --it;
+    return a + static_cast<uintptr_t>(std::max<int64_t>(bytes, 1)) <= it->second;
+  }
   // Whether [p, p + bytes) lies in placed weight memory (only that is prefetched into L2).
-  bool placed(const void* p, int64_t bytes) const {
-    const auto a = reinterpret_cast<uintptr_t>(p);
-    auto it = weight_ranges_.upper_bound(a);
-    if (it == weight_ranges_.begin()) return false;
-    --it;
-    return a + static_cast<uintptr_t>(bytes) <= it->second;
-  }
+  bool placed(const void* p, int64_t bytes) const { return in_ranges(weight_chunks_, p, bytes); }
   // Whether a placed weight (or a view into one) was repacked into Q8_0 superblocks.
-  bool in_q8_superblocks(const void* p) const {
-    const auto a = reinterpret_cast<uintptr_t>(p);
-    auto it = q8_superblock_ranges_.upper_bound(a);
-    if (it == q8_superblock_ranges_.begin()) return false;
-    --it;
-    return a < it->second;
-  }
+  bool in_q8_superblocks(const void* p) const { return in_ranges(q8_superblock_ranges_, p, 1); }
   int64_t matmul_ws(const Weight& w, int64_t n) const {
     return cuda::matmul_workspace_bytes(matrix(w), n);
   }
 
   uint8_t* weight_memory(int64_t bytes) {
     bytes = round_up(bytes, 256);
-    if (weight_chunks_.empty() || weight_used_ + bytes > weight_chunk_size_) {
+    if (weight_chunk_ == nullptr || weight_used_ + bytes > weight_chunk_size_) {
       weight_chunk_size_ = std::max(kWeightChunk, bytes);
       void* p = nullptr;
       if (cudaMalloc(&p, static_cast<size_t>(weight_chunk_size_)) != cudaSuccess) {
@@ -763,12 +743,12 @@ class CudaOps final : public Ops {
         fail("cuda backend: out of device memory placing the weights ({} bytes placed so far)",
              placed_bytes_);
       }
-      weight_chunks_.push_back(p);
-      weight_ranges_[reinterpret_cast<uintptr_t>(p)] =
+      weight_chunk_ = static_cast<uint8_t*>(p);
+      weight_chunks_[reinterpret_cast<uintptr_t>(p)] =
           reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(weight_chunk_size_);
       weight_used_ = 0;
     }
-    uint8_t* p = static_cast<uint8_t*>(weight_chunks_.back()) + weight_used_;
+    uint8_t* p = weight_chunk_ + weight_used_;
     weight_used_ += bytes;
     return p;
   }
@@ -935,31 +915,16 @@ class CudaOps final : public Ops {
   }
 
   // After a launch on `stream` that read the weights `read` (whole matrices): L2 prefetches of the
-  // weights the step reads next (prefetch_schedule.h), in decode-sized steps.
+  // weights the step reads next (prefetch.h), in decode-sized steps of placed weights.
   void prefetch_after(std::span<const Matrix> read, int64_t n, cudaStream_t stream) {
-    if (prefetch_lead_ <= 0 || n > kMaxPrefetchRows || read.size() > kMaxProjections) return;
+    if (!prefetcher_->on() || n > kMaxPrefetchRows || read.size() > kMaxProjections) return;
     cuda::PrefetchSchedule::Range ranges[kMaxProjections];
     for (size_t i = 0; i < read.size(); ++i) {
       const int64_t bytes = read[i].out * read[i].row_bytes * read[i].n_expert;
       if (!placed(read[i].data, bytes)) return;
       ranges[i] = {read[i].data, bytes};
     }
-    const std::vector<cuda::PrefetchSchedule::Range> next = prefetch_->read({ranges, read.size()});
-    if (next.empty()) return;
-    // Off the main stream, the prefetches wait for the launch before them and hold up nothing
-    // after it; the side stream (the shared expert, itself beside the main one) takes them inline.
-    const bool fork = prefetch_forked_ && stream == stream_;
-    if (fork) {
-      QWENRT_CUDA_CHECK(cudaEventRecord(prefetch_fork_, stream_));
-      QWENRT_CUDA_CHECK(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0));
-    }
-    for (const auto& r : next) cuda::l2_prefetch(r.p, r.bytes, fork ? prefetch_stream_ : stream);
-    if (fork) {
-      QWENRT_CUDA_CHECK(cudaEventRecord(prefetch_join_, prefetch_stream_));
-      // A capture must join every stream it forked; eager steps need no join (nothing reads
-      // what a prefetch does).
-      if (mode_ == Mode::kCapture) prefetch_pending_ = true;
-    }
+    prefetcher_->after({ranges, read.size()}, stream, stream_, mode_ == Mode::kCapture);
   }
   void prefetch_after(std::initializer_list<Matrix> read, int64_t n, cudaStream_t stream) {
     prefetch_after(std::span<const Matrix>(read.begin(), read.size()), n, stream);
@@ -985,8 +950,7 @@ class CudaOps final : public Ops {
   // marked as never captured again.
   void end_capture(const char* what) {
     if (mode_ == Mode::kCapture) {
-      if (prefetch_pending_) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, prefetch_join_, 0));
-      prefetch_pending_ = false;
+      prefetcher_->join(stream_);
       cudaGraph_t graph = nullptr;
       QWENRT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       Graph g;
@@ -1018,8 +982,7 @@ class CudaOps final : public Ops {
 
   void abort_capture() {
     cudaGraph_t graph = nullptr;
-    if (prefetch_pending_) cudaStreamWaitEvent(stream_, prefetch_join_, 0);
-    prefetch_pending_ = false;
+    prefetcher_->join(stream_, false);
     cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
     cudaGetLastError();
@@ -1037,13 +1000,13 @@ class CudaOps final : public Ops {
   DeviceArena side_scratch_;  // the side stream's (the MoE shared expert)
   void* ws_ = nullptr;
   std::vector<void*> buffers_;
-  std::vector<void*> weight_chunks_;
+  std::map<uintptr_t, uintptr_t> weight_chunks_;  // placed weight memory: [start, end)
+  uint8_t* weight_chunk_ = nullptr;               // the one being filled
   int64_t weight_used_ = 0, weight_chunk_size_ = 0, placed_bytes_ = 0;
   PinnedBuffer stage_[2];
   DeviceBuffer repack_scratch_;
   std::map<uintptr_t, uintptr_t>
-      q8_superblock_ranges_;                      // placed Q8_0 superblock tensors: [start, end)
-  std::map<uintptr_t, uintptr_t> weight_ranges_;  // weight_chunks_: [start, end)
+      q8_superblock_ranges_;  // placed Q8_0 superblock tensors: [start, end)
   cudaEvent_t stage_done_[2] = {};
   int stage_next_ = 0;
   std::function<void(uint64_t, uint64_t)> progress_;
@@ -1086,13 +1049,7 @@ class CudaOps final : public Ops {
   Graph* replay_ = nullptr;
   int64_t op_count_ = 0;
 
-  int prefetch_lead_ = 0;
-  int prefetch_experts_ = 0;
-  bool prefetch_forked_ = true;  // on prefetch_stream_ (QWENRT_CUDA_PREFETCH_FORK=0: inline)
-  std::unique_ptr<cuda::PrefetchSchedule> prefetch_;
-  cudaStream_t prefetch_stream_ = nullptr;
-  cudaEvent_t prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
-  bool prefetch_pending_ = false;  // a capture forked prefetch_stream_ and has not joined it
+  std::unique_ptr<cuda::L2Prefetcher> prefetcher_;
 
   bool profile_ = false;
   cuda::OpProfiler profiler_;
