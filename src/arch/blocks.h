@@ -12,10 +12,18 @@ namespace qwenrt::arch {
 // Everything a block needs besides its weights and its input/output rows.
 struct BlockContext {
   ops::Ops& ops;
-  const model::Config& config;
+  const model::Config& config;  // the rank's (its heads) under tensor parallelism
   state::StateStore& states;
-  int64_t n;  // rows of the step
+  int64_t n;      // rows of the step
+  int rank = 0;   // tensor parallelism (model/shard.h): this rank of `ranks`
+  int ranks = 1;
 };
+
+// x [n, n_embd] = the sum of every rank's x: the block outputs of projections split by their
+// input (attention and DeltaNet outputs, FFN down, the rank's experts).
+inline void sum_over_ranks(const BlockContext& ctx, float* x) {
+  if (ctx.ranks > 1) ctx.ops.all_reduce_sum(x, ctx.n * ctx.config.n_embd);
+}
 
 // out [n, n_embd] = gated attention of x [n, n_embd] (already normed), appending to the KV of
 // each span's slot in state layer il.
@@ -66,8 +74,10 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
     } else {
       deltanet_block(ctx, std::get<model::DeltaNetWeights>(layer.mixer), il, h, mixed);
     }
+    sum_over_ranks(ctx, mixed);
     ops.add_rmsnorm(x, mixed, layer.post_attn_norm, h, n, e, c.rms_eps);
     ffn(ctx, layer.ffn, h, mixed);
+    sum_over_ranks(ctx, mixed);
     // Router lookahead: the next layer's router on this layer's FFN input names the experts it
     // will likely ask for; a backend streaming experts reads them during the next mixer.
     if constexpr (std::is_same_v<Ffn, model::MoeFfnWeights>) {
@@ -93,7 +103,8 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
   float* last = ops.alloc(n_out * e);
   ops.gather_output_rows(x, e, last);
   ops.rmsnorm(last, w.output_norm, last, n_out, e, c.rms_eps);
-  float* logits = ops.alloc(n_out * c.n_vocab);
+  // The rank's rows of the head under tensor parallelism (the engine gathers them).
+  float* logits = ops.alloc(n_out * w.output.view.ne[1]);
   ops.matmul(w.output, last, logits, n_out);
   result.logits = logits;
   result.hidden = last;
@@ -103,7 +114,7 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
 // The MTP block (SPEC.md "MTP head"): x = eh_proj [enorm(embed(next)); hnorm(hidden)], one gated
 // attention layer (state layer n_layer) and FFN with residuals anchored on x, then the head over
 // the step's n_out output rows: logits [n_out, head_rows] from the head's first head_rows rows
-// (0: all n_vocab).
+// (0: all of them; -1: none, under tensor parallelism when they lie on other ranks).
 template <class Ffn, class FfnFn>
 ForwardResult run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, FfnFn ffn,
                       int64_t n_out, const float* hidden_in, int64_t head_rows = 0) {
@@ -124,8 +135,10 @@ ForwardResult run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, 
   ops.matmul(w.eh_proj, both, x, n);
   ops.rmsnorm(x, w.attn_norm, h, n, e, c.rms_eps);
   attention_block(ctx, w.attn, c.n_layer, h, mixed);
+  sum_over_ranks(ctx, mixed);
   ops.add_rmsnorm(x, mixed, w.post_attn_norm, h, n, e, c.rms_eps);
   ffn(ctx, w.ffn, h, mixed);
+  sum_over_ranks(ctx, mixed);
   ops.add(x, mixed, x, n * e);
   // The state after the head norm (shared_head_norm) is what a chained draft's row takes as its
   // hidden input, as llama.cpp's qwen35 MTP chain (the MTP row's t_h_nextn after
@@ -137,6 +150,7 @@ ForwardResult run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, 
     out = ops.alloc(n_out * e);
     ops.gather_output_rows(x, e, out);
   }
+  if (head_rows < 0) return {.hidden = out};  // none of the rows lie on this rank
   Weight head = w.head;
   if (head_rows > 0 && head_rows < head.view.ne[1]) {  // a prefix of the rows: still contiguous
     head.view.ne[1] = head_rows;

@@ -6,6 +6,7 @@
 
 #include "gguf/reader.h"
 #include "model/config.h"
+#include "model/shard.h"
 #include "ops/ops.h"
 #include "state/state.h"
 
@@ -43,15 +44,16 @@ class Model {
                                     int64_t n_out, const float* hidden, int64_t head_rows) = 0;
 };
 
-// Bind the file's tensors and place them on the backend.
+// Bind the file's tensors and place them on the backend; with shard.size > 1, the rank's share
+// of them (model/shard.h; qwen35 and qwen35moe only).
 std::unique_ptr<Model> make_qwen35(const gguf::File& file, const model::Config& config,
-                                   ops::Ops& ops);
+                                   ops::Ops& ops, model::Shard shard = {});
 std::unique_ptr<Model> make_qwen35moe(const gguf::File& file, const model::Config& config,
-                                      ops::Ops& ops);
+                                      ops::Ops& ops, model::Shard shard = {});
 std::unique_ptr<Model> make_qwen4exp(const gguf::File& file, const model::Config& config,
                                      ops::Ops& ops);
 // The model of the file's architecture.
 std::unique_ptr<Model> make_model(const gguf::File& file, const model::Config& config,
-                                  ops::Ops& ops);
+                                  ops::Ops& ops, model::Shard shard = {});
 
 }  // namespace qwenrt::arch

@@ -1,4 +1,4 @@
-// `--backend auto|cuda|cpu|ref` and `-t/--threads N`, the same on every command that runs a model.
+// `--backend auto|cuda|cpu|ref`, `-t/--threads N` and `--tensor-parallel N`, the same on every command that runs a model.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -13,6 +13,7 @@ struct BackendOptions {
   std::string backend = "auto";  // cuda when a GPU is usable, else cpu
   int threads = 0;               // 0: the physical cores
   double expert_cache_gib = -1;  // < 0: auto
+  int tensor_parallel = 1;
 };
 
 inline void add_backend_options(CLI::App* sub, BackendOptions& opt) {
@@ -27,11 +28,16 @@ inline void add_backend_options(CLI::App* sub, BackendOptions& opt) {
                   "backend); 0 = off (experts mapped with the rest); default: on, with the free "
                   "memory, when the file is larger than 80% of it")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--tensor-parallel", opt.tensor_parallel,
+                  "Split the model over N backends (attention and DeltaNet heads, FFN width, "
+                  "experts, LM head rows), one thread each; cpu and ref backends today")
+      ->check(CLI::Range(1, 64));
 }
 
 inline void apply(const BackendOptions& opt, engine::EngineOptions& eo) {
   eo.backend = opt.backend;
   eo.n_threads = opt.threads;
+  eo.tensor_parallel = opt.tensor_parallel;
   eo.expert_cache_bytes =
       opt.expert_cache_gib < 0 ? -1 : static_cast<int64_t>(opt.expert_cache_gib * (1ull << 30));
 }

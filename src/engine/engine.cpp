@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -59,7 +61,7 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
   }
   int64_t budget = options.expert_cache_bytes;
   if (budget < 0) {
-    if (std::string(ops_->name()) != "cpu") return;  // the cpu backend streams; others map
+    if (std::string(ops_[0]->name()) != "cpu") return;  // the cpu backend streams; others map
     const int64_t free = available_memory();         // cgroup limits included
     const int64_t file_bytes = static_cast<int64_t>(file_.file_size());
     if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
@@ -82,7 +84,7 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
   }
   std::vector<ops::MappedPart> files;
   for (const gguf::Part& p : file_.parts()) files.push_back({p.path, p.base, p.size});
-  ops_->stream_experts({.files = std::move(files),
+  ops_[0]->stream_experts({.files = std::move(files),
                         .budget_bytes = budget,
                         .slot_bytes = slot,
                         .min_slots = config_.n_expert_used});
@@ -134,27 +136,51 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
       }
     }
   }
-  if (options.make_backend) {
-    ops_ = options.make_backend();
-  } else if (backend == "ref") {
-    ops_ = ops::make_ref_ops();
-  } else if (backend == "cpu") {
-    ops_ = ops::make_cpu_ops(options.n_threads);
-  } else if (backend == "cuda") {
-    ops_ = ops::make_cuda_ops();
+  const int n_ranks = options.tensor_parallel;
+  if (n_ranks < 1 || n_ranks > 64) fail("tensor parallel: {} ranks (1..64)", n_ranks);
+  // Each rank's cpu backend takes its share of the threads (0: of the physical cores).
+  const int threads =
+      n_ranks == 1 ? options.n_threads
+                   : std::max(1, (options.n_threads > 0
+                                      ? options.n_threads
+                                      : static_cast<int>(std::thread::hardware_concurrency())) /
+                                     n_ranks);
+  for (int r = 0; r < n_ranks; ++r) {
+    if (options.make_backend) {
+      ops_.push_back(options.make_backend());
+    } else if (backend == "ref") {
+      ops_.push_back(ops::make_ref_ops());
+    } else if (backend == "cpu") {
+      ops_.push_back(ops::make_cpu_ops(threads));
+    } else if (backend == "cuda") {
+      if (n_ranks > 1)
+        fail("tensor parallel: the cuda backend does not run it yet (no NCCL collectives)");
+      ops_.push_back(ops::make_cuda_ops());
+    } else {
+      fail("unknown backend '{}' (available: auto, cuda, cpu, ref)", options.backend);
+    }
+  }
+  if (n_ranks > 1) {
+    if (options.expert_cache_bytes > 0)
+      fail("tensor parallel: streamed experts (--expert-cache) are not supported with it");
+    group_ = std::make_shared<ops::HostGroup>(n_ranks);
+    for (int r = 0; r < n_ranks; ++r) ops_[r]->join_host_group(group_, r);
+    rank_threads_ = std::make_unique<ThreadPool>(n_ranks);
   } else {
-    fail("unknown backend '{}' (available: auto, cuda, cpu, ref)", options.backend);
+    // Before the weights are placed: a backend that streams nothing (cuda) refuses an explicit
+    // --expert-cache before it uploads anything.
+    setup_expert_streaming(options);
+    // A rank's share of a weight may be a copy in host memory, which must not be released as
+    // mapped file pages: only one rank's weights report through set_place_progress.
+    if (ops_[0]->copies_weights()) {
+      uint64_t total = 0;
+      for (const auto& t : file_.tensors()) total += t.n_bytes;
+      ops_[0]->set_place_progress(options.on_load_progress, total);
+    }
   }
-  // Before the weights are placed: a backend that streams nothing (cuda) refuses an explicit
-  // --expert-cache before it uploads anything.
-  setup_expert_streaming(options);
-  if (ops_->copies_weights()) {
-    uint64_t total = 0;
-    for (const auto& t : file_.tensors()) total += t.n_bytes;
-    ops_->set_place_progress(options.on_load_progress, total);
-  }
-  model_ = arch::make_model(file_, config_, *ops_);
-  if (config_.is_moe() && std::string(ops_->name()) == "cuda") {
+  for (int r = 0; r < n_ranks; ++r)
+    models_.push_back(arch::make_model(file_, config_, *ops_[r], {.rank = r, .size = n_ranks}));
+  if (config_.is_moe() && std::string(ops_[0]->name()) == "cuda") {
     // Streaming routed experts from the file is the cpu backend's (an explicit --expert-cache
     // fails in setup_expert_streaming); qwen4exp's PLE table alone stays in the mapped file.
     log(LogLevel::kInfo,
@@ -162,7 +188,7 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
         "file{}",
         config_.is_qwen4exp() ? " (the PLE n-gram rows are read from it on the host)" : "");
   }
-  if (options.prefault && !ops_->copies_weights()) prefault_weights(options.on_load_progress);
+  if (options.prefault && !ops_[0]->copies_weights()) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
   constexpr int kPageSize = 64;
   int64_t page_bytes = 0;
@@ -183,8 +209,15 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   const int64_t extra_pages = page_bytes > 0 ? cache_bytes / page_bytes : 0;
   if (options.verify_rows < 0 || options.verify_rows > 64)
     fail("verify rows must be in [0, 64], got {}", options.verify_rows);
-  states_ = std::make_unique<state::StateStore>(config_, options.n_slots, n_ctx, *ops_, kPageSize,
-                                                extra_pages, std::max(0, options.verify_rows - 1));
+  std::vector<model::Config> rank_configs;
+  std::vector<ops::Ops*> rank_ops;
+  for (int r = 0; r < n_ranks; ++r) {
+    rank_configs.push_back(models_[r]->config());
+    rank_ops.push_back(ops_[r].get());
+  }
+  states_ = std::make_unique<state::StateStore>(rank_configs, options.n_slots, n_ctx, rank_ops,
+                                                kPageSize, extra_pages,
+                                                std::max(0, options.verify_rows - 1));
 }
 
 void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
@@ -246,7 +279,8 @@ void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>
     kept_.clear();
   }
   for (const ops::Span& s : spans_) states_->reserve(s.slot, s.count, track);
-  ops_->begin_step({.tokens = tokens.data(),
+  for (auto& ops : ops_)
+    ops->begin_step({.tokens = tokens.data(),
                     .positions = positions.data(),
                     .n = static_cast<int64_t>(n),
                     .spans = spans_.data(),
@@ -264,14 +298,66 @@ void Engine::advance(state::Track track) {
   for (const ops::Span& s : spans_) states_->advance(s.slot, s.count, track);
 }
 
+void Engine::on_ranks(const std::function<void(int)>& fn) {
+  if (ops_.size() == 1) return fn(0);
+  group_->reset();
+  std::mutex mutex;
+  std::exception_ptr error;
+  rank_threads_->run(static_cast<int>(ops_.size()), [&](int rank, int) {
+    try {
+      fn(rank);
+    } catch (...) {
+      {
+        std::lock_guard lock(mutex);
+        if (!error) error = std::current_exception();  // the cause, before the others abort
+      }
+      group_->abort();
+    }
+  });
+  if (error) std::rethrow_exception(error);
+}
+
+const float* Engine::gather_logits(const std::vector<arch::ForwardResult>& results, int64_t m,
+                                   const std::function<int64_t(int)>& cols_of) {
+  if (ops_.size() == 1) return results[0].logits;
+  int64_t total = 0;
+  for (size_t r = 0; r < ops_.size(); ++r) total += cols_of(static_cast<int>(r));
+  gathered_.resize(static_cast<size_t>(m * total));
+  std::vector<float> part;
+  int64_t col = 0;
+  for (size_t r = 0; r < ops_.size(); ++r) {
+    const int64_t cols = cols_of(static_cast<int>(r));
+    if (cols == 0) continue;
+    part.resize(static_cast<size_t>(m * cols));
+    ops_[r]->download(results[r].logits, part.data(), m * cols);
+    for (int64_t i = 0; i < m; ++i)
+      std::copy(part.begin() + i * cols, part.begin() + (i + 1) * cols,
+                gathered_.begin() + i * total + col);
+    col += cols;
+  }
+  float* logits = ops_[0]->alloc(m * total);
+  ops_[0]->upload(gathered_.data(), logits, m * total);
+  return logits;
+}
+
 arch::ForwardResult Engine::run(const Batch& batch, bool ends_in_sample) {
   plan(batch.tokens, batch.positions, batch.slots, &batch.want_logits, state::Track::kTrunk,
        ends_in_sample, &batch.keep_states);
-  ops_->reset_workspace();
-  const arch::ForwardResult r =
-      model_->forward(*ops_, *states_, static_cast<int64_t>(batch.size()),
-                      static_cast<int64_t>(output_rows_.size()), !batch.hidden_slots.empty());
+  results_.resize(ops_.size());
+  const auto m = static_cast<int64_t>(output_rows_.size());
+  on_ranks([&](int r) {
+    ops_[r]->reset_workspace();
+    results_[r] = models_[r]->forward(*ops_[r], *states_, static_cast<int64_t>(batch.size()), m,
+                                      !batch.hidden_slots.empty());
+  });
   advance(state::Track::kTrunk);
+  arch::ForwardResult r = results_[0];
+  if (m > 0) {
+    r.logits = gather_logits(results_, m, [&](int rank) {
+      const model::VocabRange v = model::vocab_range(config_, {rank, tensor_parallel()});
+      return v.end - v.begin;
+    });
+  }
   return r;
 }
 
@@ -284,8 +370,8 @@ void Engine::step(const Batch& batch, StepOutput& out) {
   out.logits.resize(m * config_.n_vocab);
   out.hidden.resize(m * config_.n_embd);
   if (m > 0) {
-    ops_->download(r.logits, out.logits.data(), m * config_.n_vocab);
-    ops_->download(r.hidden, out.hidden.data(), m * config_.n_embd);
+    ops_[0]->download(r.logits, out.logits.data(), m * config_.n_vocab);
+    ops_[0]->download(r.hidden, out.hidden.data(), m * config_.n_embd);
   }
 }
 
@@ -331,12 +417,12 @@ void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> r
       if (std::find(batch.hidden_slots.begin(), batch.hidden_slots.end(), s.slot) ==
           batch.hidden_slots.end())
         continue;
-      ops_->download(r.all_hidden + int64_t{s.begin} * e, dst, int64_t{s.count} * e);
+      ops_[0]->download(r.all_hidden + int64_t{s.begin} * e, dst, int64_t{s.count} * e);
       dst += int64_t{s.count} * e;
     }
   }
   out.resize(output_rows_.size());
-  if (!out.empty()) ops_->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
+  if (!out.empty()) ops_[0]->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
 }
 
 void Engine::rollback(int slot, int64_t n_tokens) {
@@ -356,7 +442,7 @@ void Engine::rollback(int slot, int64_t n_tokens) {
 }
 
 arch::ForwardResult Engine::run_mtp(const MtpBatch& batch, int64_t head_rows) {
-  if (!model_->has_mtp()) fail("{}: the model has no MTP block", file_.path());
+  if (!has_mtp()) fail("{}: the model has no MTP block", file_.path());
   const size_t n = batch.tokens.size();
   if (batch.hidden.size() != n * config_.n_embd) {
     fail("MTP batch: {} hidden values for {} rows of {}", batch.hidden.size(), n, config_.n_embd);
@@ -365,22 +451,34 @@ arch::ForwardResult Engine::run_mtp(const MtpBatch& batch, int64_t head_rows) {
     fail("MTP batch: {} want_logits flags for {} rows", batch.want_logits.size(), n);
   plan(batch.tokens, batch.positions, batch.slots,
        batch.want_logits.empty() ? nullptr : &batch.want_logits, state::Track::kMtp);
-  ops_->reset_workspace();
-  float* hidden = ops_->alloc(static_cast<int64_t>(n) * config_.n_embd);
-  ops_->upload(batch.hidden.data(), hidden, static_cast<int64_t>(n) * config_.n_embd);
-  const arch::ForwardResult r =
-      model_->mtp_forward(*ops_, *states_, static_cast<int64_t>(n),
-                          static_cast<int64_t>(output_rows_.size()), hidden, head_rows);
+  results_.resize(ops_.size());
+  const auto m = static_cast<int64_t>(output_rows_.size());
+  on_ranks([&](int r) {
+    ops_[r]->reset_workspace();
+    float* hidden = ops_[r]->alloc(static_cast<int64_t>(n) * config_.n_embd);
+    ops_[r]->upload(batch.hidden.data(), hidden, static_cast<int64_t>(n) * config_.n_embd);
+    results_[r] = models_[r]->mtp_forward(*ops_[r], *states_, static_cast<int64_t>(n), m, hidden,
+                                          head_rows);
+  });
   advance(state::Track::kMtp);
+  arch::ForwardResult r = results_[0];
+  if (m > 0) {
+    const int64_t rows = head_rows > 0 ? std::min<int64_t>(head_rows, config_.n_vocab)
+                                       : config_.n_vocab;
+    r.logits = gather_logits(results_, m, [&](int rank) {
+      const model::VocabRange v = model::vocab_range(config_, {rank, tensor_parallel()});
+      return std::clamp<int64_t>(rows - v.begin, 0, v.end - v.begin);
+    });
+  }
   return r;
 }
 
 std::vector<float> Engine::mtp_step(const MtpBatch& batch) {
-  if (!model_->has_mtp()) fail("{}: the model has no MTP block", file_.path());
+  if (!has_mtp()) fail("{}: the model has no MTP block", file_.path());
   if (batch.tokens.empty()) return {};
   const arch::ForwardResult r = run_mtp(batch);
   std::vector<float> out(output_rows_.size() * config_.n_vocab);
-  if (!out.empty()) ops_->download(r.logits, out.data(), static_cast<int64_t>(out.size()));
+  if (!out.empty()) ops_[0]->download(r.logits, out.data(), static_cast<int64_t>(out.size()));
   return out;
 }
 
@@ -388,7 +486,7 @@ void Engine::mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts,
                        std::vector<float>& hidden) {
   drafts.clear();
   hidden.clear();
-  if (!model_->has_mtp()) fail("{}: the model has no MTP block", file_.path());
+  if (!has_mtp()) fail("{}: the model has no MTP block", file_.path());
   if (batch.tokens.empty()) return;
   const int64_t vocab = options_.draft_vocab > 0 && options_.draft_vocab < config_.n_vocab
                             ? options_.draft_vocab
@@ -397,10 +495,10 @@ void Engine::mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts,
   const auto m = static_cast<int64_t>(output_rows_.size());
   if (m == 0) return;
   hidden.resize(m * config_.n_embd);
-  ops_->download(r.hidden, hidden.data(), m * config_.n_embd);
+  ops_[0]->download(r.hidden, hidden.data(), m * config_.n_embd);
   greedy_rows_.assign(m, ops::SamplingRow{.temperature = 0.0f});
   greedy_picks_.resize(m);
-  ops_->sample(r.logits, vocab, greedy_rows_.data(), 0, greedy_picks_.data());
+  ops_[0]->sample(r.logits, vocab, greedy_rows_.data(), 0, greedy_picks_.data());
   drafts.resize(m);
   for (int64_t i = 0; i < m; ++i) drafts[i] = greedy_picks_[i].id;
 }

@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "arch/model.h"
+#include "core/thread_pool.h"
 #include "gguf/reader.h"
 #include "model/config.h"
 #include "model/identity.h"
+#include "ops/host_group.h"
 #include "ops/ops.h"
 #include "state/state.h"
 
@@ -24,6 +26,9 @@ namespace qwenrt::engine {
 struct EngineOptions {
   std::string backend = "auto";  // "auto" (cuda if usable, else cpu), "cuda", "cpu", "ref"
   int n_threads = 0;             // cpu backend threads; 0 = the physical cores
+  // Tensor parallelism (model/shard.h): the model split over this many backends of `backend`,
+  // one thread a rank (the cpu backend's threads divided among them). 1: off.
+  int tensor_parallel = 1;
   // A backend of the caller's making instead of `backend` (tests wrap one to watch its calls).
   std::function<std::unique_ptr<ops::Ops>()> make_backend;
   int n_slots = 1;    // sequences held at once
@@ -101,7 +106,9 @@ class Engine {
   const model::Identity& identity() const { return identity_; }
   const gguf::File& file() const { return file_; }
   state::StateStore& states() { return *states_; }
-  ops::Ops& backend() { return *ops_; }
+  // The backend of rank 0 (the only one without tensor parallelism): steps end there.
+  ops::Ops& backend() { return *ops_[0]; }
+  int tensor_parallel() const { return static_cast<int>(ops_.size()); }
 
   // Runs one batch; returns logits [rows wanting logits, n_vocab] in batch order.
   std::vector<float> step(const Batch& batch);
@@ -122,7 +129,7 @@ class Engine {
   // rows: KV truncated by length, recurrent state copied from the history the step kept.
   void rollback(int slot, int64_t n_tokens);
 
-  bool has_mtp() const { return model_->has_mtp(); }
+  bool has_mtp() const { return models_[0]->has_mtp(); }
   // Runs the MTP block; returns draft logits [output rows, n_vocab]. Error if the model has none.
   std::vector<float> mtp_step(const MtpBatch& batch);
   // Runs the MTP block and drafts greedily (argmax of the draft logits over the first
@@ -149,13 +156,25 @@ class Engine {
   // head_rows: the LM head's rows the logits take (0: all).
   arch::ForwardResult run_mtp(const MtpBatch& batch, int64_t head_rows = 0);
   void advance(state::Track track);
+  // Runs fn(rank) for every rank at once, one thread each (the caller's for rank 0); the first
+  // failure is rethrown after every rank has stopped.
+  void on_ranks(const std::function<void(int)>& fn);
+  // Rank 0's workspace gets logits [m, cols] assembled from each rank's columns: cols_of(rank)
+  // columns of its logits, in rank order. The results as they are without tensor parallelism.
+  const float* gather_logits(const std::vector<arch::ForwardResult>& results, int64_t m,
+                             const std::function<int64_t(int)>& cols_of);
 
   gguf::File file_;
   model::Config config_;
   model::Identity identity_;
   EngineOptions options_;
-  std::unique_ptr<ops::Ops> ops_;
-  std::unique_ptr<arch::Model> model_;
+  // Per tensor-parallel rank (one without it): backend and model; the ranks' group and threads.
+  std::vector<std::unique_ptr<ops::Ops>> ops_;
+  std::vector<std::unique_ptr<arch::Model>> models_;
+  std::shared_ptr<ops::HostGroup> group_;
+  std::unique_ptr<ThreadPool> rank_threads_;
+  std::vector<arch::ForwardResult> results_;
+  std::vector<float> gathered_;
   std::unique_ptr<state::StateStore> states_;
   // The layout of the step being run (reused: no allocation per step once grown).
   std::vector<ops::Span> spans_;

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "core/error.h"
+#include "ops/host_group.h"
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 
@@ -77,8 +79,18 @@ class HostOps : public Ops {
   void ple_conv(const PleConvArgs& a) override { ref::ple_conv_spans(step_, a); }
   void qsa_attention(const QsaArgs& a) override { ref::qsa_attention_spans(step_, a); }
 
+  void join_host_group(std::shared_ptr<HostGroup> group, int rank) override {
+    group_ = std::move(group);
+    rank_ = rank;
+  }
+  void all_reduce_sum(float* x, int64_t n) override {
+    if (group_) group_->all_reduce_sum(rank_, x, n);
+  }
+
  protected:
   StepLayout step_;
+  std::shared_ptr<HostGroup> group_;
+  int rank_ = 0;
 };
 
 }  // namespace qwenrt::ops

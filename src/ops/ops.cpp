@@ -37,6 +37,10 @@ void Ops::ffn_swiglu(const Weight& gate, const Weight& up, const Weight& down, c
   matmul(down, g, out, n);
 }
 
+void Ops::join_host_group(std::shared_ptr<HostGroup>, int) {
+  fail("the {} backend does not run tensor parallel yet", name());
+}
+
 // The qwen4exp entries have no default: a backend that runs the architecture overrides them.
 void Ops::rmsnorm_grouped(const float*, const Weight&, float*, int64_t, int, int64_t, float) {
   fail("the {} backend has no rmsnorm_grouped (qwen4exp)", name());

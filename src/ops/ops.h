@@ -26,6 +26,8 @@ class ThreadPool;
 
 namespace qwenrt::ops {
 
+class HostGroup;
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -169,6 +171,14 @@ class Ops {
   }
   // Counters of the expert cache (zero without one).
   virtual ExpertStats expert_stats() const { return {}; }
+
+  // ---- Tensor parallelism (model/shard.h) ----
+  // Makes this backend rank `rank` of a group whose forward passes run side by side, one thread
+  // a rank; Error on a backend that cannot (the default).
+  virtual void join_host_group(std::shared_ptr<HostGroup> group, int rank);
+  // x [n] = the sum over the group's ranks of their x [n], the same floats on every rank; no-op
+  // outside a group.
+  virtual void all_reduce_sum(float* x, int64_t n) { (void)x, (void)n; }
 
   // ---- The end of a step ----
   // Samples one token for each of the step's output rows from logits [n_output_rows, n_vocab]

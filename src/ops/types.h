@@ -22,6 +22,10 @@ struct MoeWeights {
   Weight shared_gate;      // ffn_gate_shexp [n_embd, n_ff_shexp]
   Weight shared_up;        // ffn_up_shexp   [n_embd, n_ff_shexp]
   Weight shared_down;      // ffn_down_shexp [n_ff_shexp, n_embd]
+  // Expert parallelism (model/shard.h): the routed tensors hold experts expert_base ..
+  // expert_base + ne[2] of the n_expert the router picks among; a picked expert outside them adds
+  // nothing here (another rank adds it).
+  int expert_base = 0;
 };
 
 // Arguments of the gated delta rule for one sequence of n tokens (SPEC: Gated DeltaNet, step 5).

@@ -15,7 +15,8 @@ Snapshot& Snapshot::operator=(Snapshot&& other) noexcept {
   if (this != &other) {
     release();
     store_ = std::exchange(other.store_, nullptr);
-    recurrent_ = std::exchange(other.recurrent_, nullptr);
+    recurrent_ = std::move(other.recurrent_);
+    other.recurrent_.clear();
     host_ = std::move(other.host_);
     other.host_.clear();
     state_bytes_ = std::exchange(other.state_bytes_, 0);
@@ -38,8 +39,9 @@ void Snapshot::release() {
     for (int32_t p : pages_[t]) store_->unref(store_->tracks_[t], p);
     pages_[t].clear();
   }
-  if (recurrent_) store_->give_state_buffer(recurrent_);
-  recurrent_ = nullptr;
+  for (size_t r = 0; r < recurrent_.size(); ++r)
+    store_->give_state_buffer(static_cast<int>(r), recurrent_[r]);
+  recurrent_.clear();
   host_.clear();
   host_.shrink_to_fit();
   state_bytes_ = 0;
@@ -48,11 +50,15 @@ void Snapshot::release() {
 
 StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, ops::Ops& backend,
                        int page_size, int64_t extra_pages, int history_rows)
-    : backend_(backend),
-      n_slots_(n_slots),
-      n_ctx_(n_ctx),
-      page_size_(page_size),
-      history_rows_(history_rows) {
+    : StateStore(std::vector<model::Config>{config}, n_slots, n_ctx,
+                 std::vector<ops::Ops*>{&backend}, page_size, extra_pages, history_rows) {}
+
+StateStore::StateStore(const std::vector<model::Config>& configs, int n_slots, int64_t n_ctx,
+                       const std::vector<ops::Ops*>& backends, int page_size, int64_t extra_pages,
+                       int history_rows)
+    : n_slots_(n_slots), n_ctx_(n_ctx), page_size_(page_size), history_rows_(history_rows) {
+  if (configs.empty() || configs.size() != backends.size())
+    fail("state: {} configs for {} backends", configs.size(), backends.size());
   if (history_rows < 0) fail("state: history rows must be >= 0, got {}", history_rows);
   if (n_slots < 1) fail("state: need at least one sequence slot, got {}", n_slots);
   if (n_ctx < 1) fail("state: context size must be positive, got {}", n_ctx);
@@ -62,45 +68,52 @@ StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, 
   if (extra_pages < 0) fail("state: extra pages must be >= 0, got {}", extra_pages);
   n_pages_ = n_slots * max_pages_ + 2 * int64_t{n_slots} + 2 + extra_pages;
   if (n_pages_ > INT32_MAX) fail("state: {} KV pages do not fit 32-bit page ids", n_pages_);
-  const int n_state_layers = config.n_layer + config.n_layer_nextn;
-  kv_.resize(n_state_layers);
-  recurrent_.resize(n_state_layers);
-  conv_floats_ = int64_t{config.conv_kernel - 1} * config.conv_channels();
-  delta_floats_ = int64_t{config.ssm_v_heads} * config.ssm_head_dim * config.ssm_head_dim;
-  const int64_t kv_dim = int64_t{config.n_head_kv} * config.head_dim;
-  if (config.is_qwen4exp() && config.q4.ple_layer >= 0) {
-    ple_token_floats_ = config.q4.ple_ngram - 1;
-    ple_conv_floats_ = int64_t{config.q4.ple_conv_history()} * config.q4.hc_count * config.n_embd;
-  }
-  auto buffer = [&](int64_t floats) {
-    buffers_.push_back(backend_.alloc_buffer(floats * int64_t{sizeof(float)}));
-    return static_cast<float*>(buffers_.back());
-  };
-  for (int il = 0; il < n_state_layers; ++il) {
-    if (il >= config.n_layer || config.is_attention_layer(il)) {
-      const int64_t floats = n_pages_ * page_size * kv_dim;
-      kv_[il] = {
-          .k = buffer(floats), .v = buffer(floats), .page_size = page_size, .kv_dim = kv_dim};
-      if (il < config.n_layer && config.is_qsa_layer(il)) {
-        kv_[il].idx_dim = config.q4.indexer_head_dim;
-        kv_[il].idx = buffer(n_pages_ * page_size * kv_[il].idx_dim);
-      }
-      tracks_[il >= config.n_layer ? 1 : 0].layers.push_back(il);
-    } else {
-      recurrent_[il] = {.conv = buffer(n_slots * conv_floats_),
-                        .delta = buffer(n_slots * delta_floats_)};
-      if (history_rows > 0) {
-        recurrent_[il].conv_history = buffer(int64_t{n_slots} * history_rows * conv_floats_);
-        recurrent_[il].delta_history = buffer(int64_t{n_slots} * history_rows * delta_floats_);
-        recurrent_[il].history_rows = history_rows;
-      }
-      if (config.is_qwen4exp() && il == config.q4.ple_layer) {
-        ops::RecurrentLayer& r = recurrent_[il];
-        r.ple_tokens = buffer(n_slots * ple_token_floats_);
-        r.ple_conv = buffer(n_slots * ple_conv_floats_);
+  ranks_.resize(configs.size());
+  for (size_t ri = 0; ri < configs.size(); ++ri) {
+    const model::Config& config = configs[ri];
+    Rank& rank = ranks_[ri];
+    rank.backend = backends[ri];
+    const int n_state_layers = config.n_layer + config.n_layer_nextn;
+    rank.kv.resize(n_state_layers);
+    rank.recurrent.resize(n_state_layers);
+    rank.conv_floats = int64_t{config.conv_kernel - 1} * config.conv_channels();
+    rank.delta_floats = int64_t{config.ssm_v_heads} * config.ssm_head_dim * config.ssm_head_dim;
+    const int64_t kv_dim = int64_t{config.n_head_kv} * config.head_dim;
+    if (config.is_qwen4exp() && config.q4.ple_layer >= 0) {
+      rank.ple_token_floats = config.q4.ple_ngram - 1;
+      rank.ple_conv_floats =
+          int64_t{config.q4.ple_conv_history()} * config.q4.hc_count * config.n_embd;
+    }
+    auto buffer = [&](int64_t floats) {
+      rank.buffers.push_back(rank.backend->alloc_buffer(floats * int64_t{sizeof(float)}));
+      return static_cast<float*>(rank.buffers.back());
+    };
+    for (int il = 0; il < n_state_layers; ++il) {
+      if (il >= config.n_layer || config.is_attention_layer(il)) {
+        const int64_t floats = n_pages_ * page_size * kv_dim;
+        rank.kv[il] = {
+            .k = buffer(floats), .v = buffer(floats), .page_size = page_size, .kv_dim = kv_dim};
+        if (il < config.n_layer && config.is_qsa_layer(il)) {
+          rank.kv[il].idx_dim = config.q4.indexer_head_dim;
+          rank.kv[il].idx = buffer(n_pages_ * page_size * rank.kv[il].idx_dim);
+        }
+        if (ri == 0) tracks_[il >= config.n_layer ? 1 : 0].layers.push_back(il);
+      } else {
+        ops::RecurrentLayer& r = rank.recurrent[il];
+        r = {.conv = buffer(n_slots * rank.conv_floats),
+             .delta = buffer(n_slots * rank.delta_floats)};
         if (history_rows > 0) {
-          r.ple_tokens_history = buffer(int64_t{n_slots} * history_rows * ple_token_floats_);
-          r.ple_conv_history = buffer(int64_t{n_slots} * history_rows * ple_conv_floats_);
+          r.conv_history = buffer(int64_t{n_slots} * history_rows * rank.conv_floats);
+          r.delta_history = buffer(int64_t{n_slots} * history_rows * rank.delta_floats);
+          r.history_rows = history_rows;
+        }
+        if (config.is_qwen4exp() && il == config.q4.ple_layer) {
+          r.ple_tokens = buffer(n_slots * rank.ple_token_floats);
+          r.ple_conv = buffer(n_slots * rank.ple_conv_floats);
+          if (history_rows > 0) {
+            r.ple_tokens_history = buffer(int64_t{n_slots} * history_rows * rank.ple_token_floats);
+            r.ple_conv_history = buffer(int64_t{n_slots} * history_rows * rank.ple_conv_floats);
+          }
         }
       }
     }
@@ -116,22 +129,26 @@ StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, 
 }
 
 StateStore::~StateStore() {
-  for (void* b : spare_states_) backend_.free_buffer(b);
-  for (void* b : buffers_) backend_.free_buffer(b);
+  for (Rank& r : ranks_) {
+    for (void* b : r.spare_states) r.backend->free_buffer(b);
+    for (void* b : r.buffers) r.backend->free_buffer(b);
+  }
 }
 
-void* StateStore::take_state_buffer() {
-  if (spare_states_.empty()) return backend_.alloc_buffer(recurrent_bytes());
-  void* b = spare_states_.back();
-  spare_states_.pop_back();
+void* StateStore::take_state_buffer(int rank) {
+  Rank& r = ranks_[rank];
+  if (r.spare_states.empty()) return r.backend->alloc_buffer(r.state_bytes());
+  void* b = r.spare_states.back();
+  r.spare_states.pop_back();
   return b;  // not zeroed: snapshot() overwrites all of it
 }
 
-void StateStore::give_state_buffer(void* buffer) {
-  if (spare_states_.size() < kSpareStates) {
-    spare_states_.push_back(buffer);
+void StateStore::give_state_buffer(int rank, void* buffer) {
+  Rank& r = ranks_[rank];
+  if (r.spare_states.size() < kSpareStates) {
+    r.spare_states.push_back(buffer);
   } else {
-    backend_.free_buffer(buffer);
+    r.backend->free_buffer(buffer);
   }
 }
 
@@ -144,14 +161,16 @@ int64_t StateStore::length(int slot, Track track) const {
   return tracks_[int(track)].length[slot];
 }
 
-const ops::KvLayer& StateStore::kv(int il) const {
-  if (!kv_.at(il).k) fail("state: layer {} has no KV pool", il);
-  return kv_[il];
+const ops::KvLayer& StateStore::kv(int il, int rank) const {
+  const ops::KvLayer& kv = ranks_.at(rank).kv.at(il);
+  if (!kv.k) fail("state: layer {} has no KV pool", il);
+  return kv;
 }
 
-const ops::RecurrentLayer& StateStore::recurrent(int il) const {
-  if (!recurrent_.at(il).conv) fail("state: layer {} has no recurrent state", il);
-  return recurrent_[il];
+const ops::RecurrentLayer& StateStore::recurrent(int il, int rank) const {
+  const ops::RecurrentLayer& r = ranks_.at(rank).recurrent.at(il);
+  if (!r.conv) fail("state: layer {} has no recurrent state", il);
+  return r;
 }
 
 int32_t StateStore::take_page(TrackState& t) {
@@ -167,25 +186,36 @@ void StateStore::unref(TrackState& t, int32_t page) {
 }
 
 void StateStore::copy_page(const TrackState& t, int32_t from, int32_t to) {
-  for (int il : t.layers) {
-    const ops::KvLayer& kv = kv_[il];
-    const int64_t floats = int64_t{page_size_} * kv.kv_dim;
-    backend_.copy(kv.k + to * floats, kv.k + from * floats, floats * int64_t{sizeof(float)});
-    backend_.copy(kv.v + to * floats, kv.v + from * floats, floats * int64_t{sizeof(float)});
-    if (kv.idx) {
-      const int64_t idx = int64_t{page_size_} * kv.idx_dim;
-      backend_.copy(kv.idx + to * idx, kv.idx + from * idx, idx * int64_t{sizeof(float)});
+  for (const Rank& rank : ranks_) {
+    for (int il : t.layers) {
+      const ops::KvLayer& kv = rank.kv[il];
+      const int64_t floats = int64_t{page_size_} * kv.kv_dim, bytes = floats * 4;
+      rank.backend->copy(kv.k + to * floats, kv.k + from * floats, bytes);
+      rank.backend->copy(kv.v + to * floats, kv.v + from * floats, bytes);
+      if (kv.idx) {
+        const int64_t idx = int64_t{page_size_} * kv.idx_dim;
+        rank.backend->copy(kv.idx + to * idx, kv.idx + from * idx, idx * int64_t{sizeof(float)});
+      }
     }
   }
 }
 
-StateStore::Blocks StateStore::blocks(const ops::RecurrentLayer& r) const {
-  Blocks b{.items = {Block{r.conv, r.conv_history, conv_floats_},
-                     Block{r.delta, r.delta_history, delta_floats_},
-                     Block{r.ple_tokens, r.ple_tokens_history, ple_token_floats_},
-                     Block{r.ple_conv, r.ple_conv_history, ple_conv_floats_}},
+StateStore::Blocks StateStore::Rank::blocks(const ops::RecurrentLayer& r) const {
+  Blocks b{.items = {Block{r.conv, r.conv_history, conv_floats},
+                     Block{r.delta, r.delta_history, delta_floats},
+                     Block{r.ple_tokens, r.ple_tokens_history, ple_token_floats},
+                     Block{r.ple_conv, r.ple_conv_history, ple_conv_floats}},
            .n = r.ple_tokens ? 4 : 2};
   return b;
+}
+
+int64_t StateStore::Rank::state_bytes() const {
+  int64_t floats = 0;
+  for (const auto& r : recurrent) {
+    if (!r.conv) continue;
+    for (const Block& b : blocks(r)) floats += b.floats;
+  }
+  return floats * int64_t{sizeof(float)};
 }
 
 void StateStore::release_pages(int slot, Track track) {
@@ -202,10 +232,12 @@ void StateStore::reset(int slot) {
   check_slot(slot);
   release_pages(slot, Track::kTrunk);
   release_pages(slot, Track::kMtp);
-  for (const ops::RecurrentLayer& r : recurrent_) {
-    if (!r.conv) continue;
-    for (const Block& b : blocks(r))
-      backend_.fill_zero(b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
+  for (const Rank& rank : ranks_) {
+    for (const ops::RecurrentLayer& r : rank.recurrent) {
+      if (!r.conv) continue;
+      for (const Block& b : rank.blocks(r))
+        rank.backend->fill_zero(b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
+    }
   }
 }
 
@@ -254,22 +286,21 @@ void StateStore::restore_history(int slot, int row) {
     fail("state: history row {} out of range [0, {})", row, history_rows_);
   }
   const int64_t h = int64_t{slot} * history_rows_ + row;
-  for (const ops::RecurrentLayer& r : recurrent_) {
-    if (!r.conv) continue;
-    for (const Block& b : blocks(r)) {
-      backend_.copy(b.live + slot * b.floats, b.history + h * b.floats,
-                    b.floats * int64_t{sizeof(float)});
+  for (const Rank& rank : ranks_) {
+    for (const ops::RecurrentLayer& r : rank.recurrent) {
+      if (!r.conv) continue;
+      for (const Block& b : rank.blocks(r)) {
+        rank.backend->copy(b.live + slot * b.floats, b.history + h * b.floats,
+                           b.floats * int64_t{sizeof(float)});
+      }
     }
   }
 }
 
 int64_t StateStore::recurrent_bytes() const {
-  int64_t floats = 0;
-  for (const auto& r : recurrent_) {
-    if (!r.conv) continue;
-    for (const Block& b : blocks(r)) floats += b.floats;
-  }
-  return floats * int64_t{sizeof(float)};
+  int64_t bytes = 0;
+  for (const Rank& rank : ranks_) bytes += rank.state_bytes();
+  return bytes;
 }
 
 Snapshot StateStore::snapshot(int slot) {
@@ -277,14 +308,17 @@ Snapshot StateStore::snapshot(int slot) {
   Snapshot s;
   s.store_ = this;
   if (const int64_t bytes = recurrent_bytes(); bytes > 0) {
-    s.recurrent_ = take_state_buffer();
     s.state_bytes_ = bytes;
-    auto* dst = static_cast<float*>(s.recurrent_);
-    for (const auto& r : recurrent_) {
-      if (!r.conv) continue;
-      for (const Block& b : blocks(r)) {
-        backend_.copy(dst, b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
-        dst += b.floats;
+    for (size_t ri = 0; ri < ranks_.size(); ++ri) {
+      const Rank& rank = ranks_[ri];
+      s.recurrent_.push_back(take_state_buffer(static_cast<int>(ri)));
+      auto* dst = static_cast<float*>(s.recurrent_.back());
+      for (const auto& r : rank.recurrent) {
+        if (!r.conv) continue;
+        for (const Block& b : rank.blocks(r)) {
+          rank.backend->copy(dst, b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
+          dst += b.floats;
+        }
       }
     }
   }
@@ -303,22 +337,25 @@ Snapshot StateStore::snapshot(int slot) {
 void StateStore::restore(int slot, const Snapshot& s) {
   check_slot(slot);
   if (s.store_ != this) fail("state: the snapshot belongs to another state store");
-  if (s.recurrent_) {
-    const auto* src = static_cast<const float*>(s.recurrent_);
-    for (const auto& r : recurrent_) {
-      if (!r.conv) continue;
-      for (const Block& b : blocks(r)) {
-        backend_.copy(b.live + slot * b.floats, src, b.floats * int64_t{sizeof(float)});
-        src += b.floats;
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) {
+    const Rank& rank = ranks_[ri];
+    if (!s.recurrent_.empty()) {
+      const auto* src = static_cast<const float*>(s.recurrent_[ri]);
+      for (const auto& r : rank.recurrent) {
+        if (!r.conv) continue;
+        for (const Block& b : rank.blocks(r)) {
+          rank.backend->copy(b.live + slot * b.floats, src, b.floats * int64_t{sizeof(float)});
+          src += b.floats;
+        }
       }
-    }
-  } else if (s.on_host()) {
-    const float* src = s.host_.data();
-    for (const auto& r : recurrent_) {
-      if (!r.conv) continue;
-      for (const Block& b : blocks(r)) {
-        backend_.upload(src, b.live + slot * b.floats, b.floats);
-        src += b.floats;
+    } else if (s.on_host()) {
+      const float* src = s.host_[ri].data();
+      for (const auto& r : rank.recurrent) {
+        if (!r.conv) continue;
+        for (const Block& b : rank.blocks(r)) {
+          rank.backend->upload(src, b.live + slot * b.floats, b.floats);
+          src += b.floats;
+        }
       }
     }
   }
@@ -354,12 +391,16 @@ void StateStore::share_kv(int src, int dst, int64_t n_tokens) {
 
 void StateStore::spill(Snapshot& s) {
   if (s.store_ != this) fail("state: the snapshot belongs to another state store");
-  if (!s.recurrent_) return;
-  s.host_.resize(static_cast<size_t>(s.state_bytes_ / int64_t{sizeof(float)}));
-  backend_.download(static_cast<const float*>(s.recurrent_), s.host_.data(),
-                    static_cast<int64_t>(s.host_.size()));
-  give_state_buffer(s.recurrent_);
-  s.recurrent_ = nullptr;
+  if (s.recurrent_.empty()) return;
+  s.host_.resize(ranks_.size());
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) {
+    std::vector<float>& host = s.host_[ri];
+    host.resize(static_cast<size_t>(ranks_[ri].state_bytes() / int64_t{sizeof(float)}));
+    ranks_[ri].backend->download(static_cast<const float*>(s.recurrent_[ri]), host.data(),
+                                 static_cast<int64_t>(host.size()));
+    give_state_buffer(static_cast<int>(ri), s.recurrent_[ri]);
+  }
+  s.recurrent_.clear();
 }
 
 int64_t StateStore::pages_held_by_slots(Track track) const {
@@ -381,8 +422,10 @@ int64_t StateStore::free_pages(Track track) const {
 
 int64_t StateStore::page_bytes(Track track) const {
   int64_t bytes = 0;
-  for (int il : tracks_[int(track)].layers)
-    bytes += (2 * kv_[il].kv_dim + kv_[il].idx_dim) * page_size_ * int64_t{sizeof(float)};
+  for (const Rank& rank : ranks_) {
+    for (int il : tracks_[int(track)].layers)
+      bytes += (2 * rank.kv[il].kv_dim + rank.kv[il].idx_dim) * page_size_ * int64_t{sizeof(float)};
+  }
   return bytes;
 }
 

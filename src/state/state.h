@@ -46,8 +46,9 @@ class Snapshot {
   friend class StateStore;
   void release();
   StateStore* store_ = nullptr;
-  void* recurrent_ = nullptr;  // backend buffer: every DeltaNet layer's conv then delta block
-  std::vector<float> host_;    // the same floats after spill() (recurrent_ then null)
+  // Per rank, a backend buffer: every DeltaNet layer's conv then delta block (empty: none).
+  std::vector<void*> recurrent_;
+  std::vector<std::vector<float>> host_;  // the same floats after spill() (recurrent_ then empty)
   int64_t state_bytes_ = 0;
   int64_t length_[2] = {0, 0};
   std::vector<int32_t> pages_[2];
@@ -60,6 +61,12 @@ class StateStore {
   // history_rows: recurrent states kept per slot for speculative checks (RecurrentLayer).
   StateStore(const model::Config& config, int n_slots, int64_t n_ctx, ops::Ops& backend,
              int page_size = 64, int64_t extra_pages = 0, int history_rows = 0);
+  // The same for the ranks of a tensor-parallel model (model/shard.h): rank r's layers take the
+  // shapes of configs[r] (its heads) in backends[r]'s memory; the page tables, lengths and
+  // snapshots are one for all ranks, and every operation applies to every rank.
+  StateStore(const std::vector<model::Config>& configs, int n_slots, int64_t n_ctx,
+             const std::vector<ops::Ops*>& backends, int page_size = 64, int64_t extra_pages = 0,
+             int history_rows = 0);
   ~StateStore();
   StateStore(const StateStore&) = delete;
   StateStore& operator=(const StateStore&) = delete;
@@ -88,8 +95,10 @@ class StateStore {
   int history_rows() const { return history_rows_; }
 
   // Backend memory of layer il: KV pool (attention and MTP layers) or recurrent blocks (DeltaNet).
-  const ops::KvLayer& kv(int il) const;
-  const ops::RecurrentLayer& recurrent(int il) const;
+  // rank: the tensor-parallel rank whose share of the layer is asked for.
+  const ops::KvLayer& kv(int il, int rank = 0) const;
+  const ops::RecurrentLayer& recurrent(int il, int rank = 0) const;
+  int n_ranks() const { return static_cast<int>(ranks_.size()); }
   // Page tables of every slot on a track, [n_slots, page_table_stride()].
   const int32_t* page_tables(Track track) const { return tracks_[int(track)].tables.data(); }
   int64_t page_table_stride() const { return max_pages_; }
@@ -110,7 +119,7 @@ class StateStore {
   int64_t pages_held_by_slots(Track track) const;
   int64_t free_pages(Track track) const;
   int64_t page_bytes(Track track) const;
-  // Bytes of one slot's recurrent state (a snapshot's state_bytes).
+  // Bytes of one slot's recurrent state (a snapshot's state_bytes), over every rank.
   int64_t recurrent_bytes() const;
 
  private:
@@ -129,18 +138,14 @@ class StateStore {
   void release_pages(int slot, Track track);
   // Snapshots' recurrent buffers, a few kept for reuse: a CUDA allocation and free each
   // synchronise the device, and the prefix cache takes and drops snapshots every request.
-  void* take_state_buffer();
-  void give_state_buffer(void* buffer);
+  void* take_state_buffer(int rank);
+  void give_state_buffer(int rank, void* buffer);
 
-  ops::Ops& backend_;
   int n_slots_;
   int64_t n_ctx_;
   int page_size_;
   int64_t max_pages_;                           // per slot
-  int64_t n_pages_;                             // per pool
-  int64_t conv_floats_ = 0, delta_floats_ = 0;  // per slot per DeltaNet layer
-  // Per slot, the PLE layer only (qwen4exp): its token context and its conv inputs.
-  int64_t ple_token_floats_ = 0, ple_conv_floats_ = 0;
+  int64_t n_pages_;  // per pool
   // The per-slot blocks of one recurrent layer: (buffer, history buffer, floats per slot).
   struct Block {
     float* live;
@@ -153,12 +158,21 @@ class StateStore {
     const Block* begin() const { return items.data(); }
     const Block* end() const { return items.data() + n; }
   };
-  Blocks blocks(const ops::RecurrentLayer& r) const;
+  // One rank's layers in its backend's memory.
+  struct Rank {
+    ops::Ops* backend;
+    int64_t conv_floats = 0, delta_floats = 0;  // per slot per DeltaNet layer
+    // Per slot, the PLE layer only (qwen4exp): its token context and its conv inputs.
+    int64_t ple_token_floats = 0, ple_conv_floats = 0;
+    std::vector<ops::KvLayer> kv;                // per state layer (empty for DeltaNet)
+    std::vector<ops::RecurrentLayer> recurrent;  // per state layer (empty for attention)
+    std::vector<void*> buffers;                  // every backend buffer this store owns
+    std::vector<void*> spare_states;             // at most kSpareStates, state_bytes() each
+    Blocks blocks(const ops::RecurrentLayer& r) const;
+    int64_t state_bytes() const;  // one slot's recurrent state
+  };
   int history_rows_ = 0;
-  std::vector<ops::KvLayer> kv_;                // per state layer (empty for DeltaNet)
-  std::vector<ops::RecurrentLayer> recurrent_;  // per state layer (empty for attention)
-  std::vector<void*> buffers_;                  // every backend buffer this store owns
-  std::vector<void*> spare_states_;             // at most kSpareStates, recurrent_bytes() each
+  std::vector<Rank> ranks_;
   static constexpr size_t kSpareStates = 2;
   TrackState tracks_[2];
 };

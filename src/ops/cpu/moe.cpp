@@ -147,12 +147,20 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
     entry_weight[row] = weights[i];
   }
   int n_groups = 0;
-  for (int e = 0; e < n_expert; ++e) {
+  // Expert parallelism: this backend holds experts [base, base + ne[2]) of the n_expert.
+  const int base = w.expert_base, held = static_cast<int>(w.down_exps.view.ne[2]);
+  if (cache && (base != 0 || held != n_expert))
+    fail("cpu moe_ffn: streamed experts with expert parallelism are not supported");
+  for (int e = base; e < std::min(n_expert, base + held); ++e) {
     const int64_t count = offsets[e + 1] - offsets[e];
     if (count == 0) continue;
     Group& g = groups[n_groups++];
     g = Group{.first_row = offsets[e], .count = count, .shared = false, .slot = e};
-    if (!cache) set_views(g, w, e, fused, ff);
+    if (!cache) set_views(g, w, e - base, fused, ff);
+  }
+  if (n_groups == 0) {  // none of this backend's experts was picked, and no shared expert
+    std::fill(out, out + n * dim, 0.0f);
+    return;
   }
   if (has_shared) {
     for (int64_t t = 0; t < n; ++t) {

@@ -344,6 +344,8 @@ class CudaOps final : public Ops {
   }
   void moe(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert,
            int k) override {
+    if (w.expert_base != 0 || w.down_exps.view.ne[2] != n_expert)
+      fail("cuda moe: expert parallelism is not implemented on this backend yet");
     const int64_t dim = w.down_exps.view.ne[1];
     const bool fused = w.gate_up_exps.present();
     const Matrix gate_up = fused ? matrix(w.gate_up_exps) : Matrix{};

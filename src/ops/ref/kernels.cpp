@@ -325,7 +325,8 @@ void moe_experts(const MoeWeights& w, const float* x, const int32_t* ids, const 
   for (int64_t t = 0; t < n; ++t) {
     const float* xt = x + t * dim;
     for (int j = 0; j < k; ++j) {
-      const int e = ids[t * k + j];
+      const int e = ids[t * k + j] - w.expert_base;
+      if (e < 0 || e >= w.down_exps.view.ne[2]) continue;  // another rank's expert
       if (w.gate_up_exps.present()) {
         matmul(w.gate_up_exps.expert(e), xt, gate_up.data(), 1);
         std::copy(gate_up.begin(), gate_up.begin() + ff, gate.begin());

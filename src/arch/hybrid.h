@@ -1,0 +1,57 @@
+// The model class of both hybrid architectures (qwen35, qwen35moe): bind the file's tensors, take
+// the rank's share of them under tensor parallelism (model/shard.h), place them, and run the trunk
+// or the MTP block with the architecture's FFN.
+#pragma once
+
+#include <algorithm>
+
+#include "arch/blocks.h"
+#include "core/error.h"
+#include "model/shard.h"
+
+namespace qwenrt::arch {
+
+// Weights: model::Qwen35Weights or Qwen35MoeWeights; bind: its binder; Ffn: ffn(ctx, w, x, out).
+template <class Weights, auto bind, auto ffn>
+class Hybrid final : public Model {
+ public:
+  Hybrid(const gguf::File& file, const model::Config& config, ops::Ops& ops, model::Shard shard)
+      : config_(model::shard_config(config, shard)),
+        shard_(shard),
+        weights_(shard.size > 1 ? model::shard_weights(bind(file, config), config, shard, arena_)
+                                : bind(file, config)) {
+    model::for_each_weight(weights_, [&](Weight& w) { w = ops.place(w); });
+  }
+  const model::Config& config() const override { return config_; }
+  ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
+                        bool all_hidden) override {
+    return run_trunk(context(ops, states, n), weights_, ffn, n_out, all_hidden);
+  }
+  bool has_mtp() const override { return weights_.mtp.has_value(); }
+  ForwardResult mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
+                            const float* hidden, int64_t head_rows) override {
+    if (!weights_.mtp) fail("this model has no MTP block");
+    return run_mtp(context(ops, states, n), *weights_.mtp, ffn, n_out, hidden,
+                   local_head_rows(head_rows));
+  }
+
+ private:
+  BlockContext context(ops::Ops& ops, state::StateStore& states, int64_t n) const {
+    return {ops, config_, states, n, shard_.rank, shard_.size};
+  }
+  // The first `rows` rows of the whole head (0: all) as rows of this rank's share: 0 = all of
+  // them, -1 = none.
+  int64_t local_head_rows(int64_t rows) const {
+    if (shard_.size == 1 || rows <= 0) return rows;
+    const model::VocabRange v = model::vocab_range(config_, shard_);
+    const int64_t local = std::clamp<int64_t>(rows - v.begin, 0, v.end - v.begin);
+    return local == 0 ? -1 : local;
+  }
+
+  model::Config config_;
+  model::Shard shard_;
+  model::ShardArena arena_;  // before weights_: the shared copies they may view
+  Weights weights_;
+};
+
+}  // namespace qwenrt::arch

@@ -1,0 +1,79 @@
+// Tensor parallelism: one rank's share of a model (issue 17, docs/decisions.md "Tensor
+// parallelism"). Each rank holds its attention heads (with their KV), its DeltaNet heads (with
+// their recurrent state), its slice of each dense FFN, its routed experts (expert parallelism) and
+// its rows of the LM head; the rest is replicated. The arch code runs unchanged on the rank's local
+// config, summing the block outputs across ranks (Ops::all_reduce_sum) where a projection was
+// split by its input.
+//
+// How heads go to ranks:
+// - attention: query heads in contiguous ranges; KV heads likewise when they divide by the ranks,
+//   else each rank keeps the one KV head its query heads read (replicated across the ranks of one
+//   GQA group);
+// - DeltaNet: V head h reads K head h % Hk (the converter's tiled order), so a rank holding K heads
+//   [a, a + hk) holds the V heads m * Hk + i (i in that range) in the order m * hk + (i - a), which
+//   keeps "local V head h reads local K head h % hk"; with more ranks than K heads, ranks share a K
+//   head and split its V heads.
+// Rows of a weight split by output are a view into the file when they are one contiguous range,
+// else a copy; a weight split by input is a copy of its columns (as fp32 where the columns do not
+// fall on quant block boundaries).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace qwenrt::model {
+
+struct Shard {
+  int rank = 0;
+  int size = 1;
+};
+
+// The global head ids a rank holds, in its local order.
+struct HeadShare {
+  std::vector<int> q, kv;  // attention: query heads, KV heads
+  std::vector<int> k, v;   // DeltaNet: K heads, V heads
+};
+// Error (naming the counts) when the heads cannot be shared over shard.size ranks.
+HeadShare share_heads(const Config& c, Shard shard);
+
+// The config a rank's forward pass runs on: its head counts and FFN width. Everything else
+// (n_embd, n_vocab, n_expert...) is the model's.
+Config shard_config(const Config& c, Shard shard);
+
+// The rank's rows of the LM head: [begin, end) of n_vocab.
+struct VocabRange {
+  int64_t begin = 0, end = 0;
+};
+VocabRange vocab_range(const Config& c, Shard shard);
+
+// Copies a shard's tensors that are not plain views of the file; owned by the rank's model.
+class ShardArena {
+ public:
+  void* alloc(size_t bytes);
+
+ private:
+  std::vector<std::unique_ptr<uint8_t[]>> blocks_;
+};
+
+// The rank's share of every weight (full: as bound from the file with the model's config).
+Qwen35Weights shard_weights(const Qwen35Weights& full, const Config& c, Shard shard,
+                            ShardArena& arena);
+Qwen35MoeWeights shard_weights(const Qwen35MoeWeights& full, const Config& c, Shard shard,
+                               ShardArena& arena);
+
+// Half-open ranges of rows or columns, and the copy they select (exposed for tests).
+struct Range {
+  int64_t begin, count;
+};
+// w's rows `rows` (in order) and, when `cols` is not empty, only those columns of each (in order).
+// One row range and every column: a view of w's bytes; otherwise a copy into the arena, in w's
+// type when every column range falls on w's block boundaries, else in F32.
+Weight take(const Weight& w, const std::vector<Range>& rows, const std::vector<Range>& cols,
+            ShardArena& arena);
+
+}  // namespace qwenrt::model
