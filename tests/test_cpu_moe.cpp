@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "model/shard.h"
 #include "ops/cpu/isa.h"
 #include "ops/cpu/moe.h"
 #include "ops/cpu/repack.h"
@@ -110,6 +111,55 @@ void check_case(const MoeCase& c) {
       EXPECT_LT(rel_l2(got, want), kTol) << "panel layout n=" << n;
     }
   }
+}
+
+// Expert parallelism (model/shard.h): each of `ranks` shards holds a range of the experts
+// (expert_base) and a slice of the shared expert's width (down columns off the quant blocks become
+// fp32). Each shard on the cpu equals ref on it, and the shards' ref outputs add up to the whole.
+void check_expert_parallel(const MoeCase& c, int ranks) {
+  std::mt19937 rng(7 + c.n_expert);
+  const MoeModel m = make_model(c, rng);
+  ThreadPool pool(2);
+  Scratch scratch;
+  Context ctx{pool, scratch};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {1, 2, 5}) {
+    std::vector<float> x(n * c.dim);
+    for (auto& v : x) v = normal(rng);
+    std::vector<float> whole(n * c.dim, 0.0f), sum(n * c.dim, 0.0f);
+    ref::moe_ffn(m.w, x.data(), whole.data(), n, c.n_expert, c.k);
+    for (int r = 0; r < ranks; ++r) {
+      model::ShardArena arena;
+      MoeWeights w = m.w;
+      const int per = c.n_expert / ranks;
+      for (Weight* e : {&w.gate_exps, &w.up_exps, &w.gate_up_exps, &w.down_exps}) {
+        if (!e->present()) continue;
+        e->view.data = static_cast<const uint8_t*>(e->view.data) + per * r * e->view.nb[2];
+        e->view.ne[2] = per;
+        e->view.nb[3] = e->view.nb[2] * per;
+      }
+      w.expert_base = per * r;
+      const model::Range part{c.sff / ranks * r, c.sff / ranks};
+      w.shared_gate = model::take(m.w.shared_gate, {part}, {}, arena);
+      w.shared_up = model::take(m.w.shared_up, {part}, {}, arena);
+      w.shared_down = model::take(m.w.shared_down, {{0, c.dim}}, {part}, arena);
+      std::vector<float> want(n * c.dim, 0.0f);
+      ref::moe_ffn(w, x.data(), want.data(), n, c.n_expert, c.k);
+      for (int64_t i = 0; i < n * c.dim; ++i) sum[i] += want[i];
+      std::vector<float> got(n * c.dim, std::numeric_limits<float>::quiet_NaN());
+      moe_ffn(w, x.data(), got.data(), n, c.n_expert, c.k, ctx);
+      EXPECT_LT(rel_l2(got, want), kTol) << "rank " << r << " of " << ranks << ", n=" << n;
+    }
+    EXPECT_LT(rel_l2(sum, whole), 1e-5) << ranks << " ranks, n=" << n;
+  }
+}
+
+TEST(CpuMoe, ExpertParallelShardsEqualRefAndAddUpToTheWhole) {
+  // 128 of 256 shared columns: off the Q6_K blocks (fp32); 2 of 8 experts a rank at 4.
+  const MoeCase c{8,    2,           256,         64,          256,         false,
+                  true, DType::Q4_K, DType::Q8_0, DType::Q4_K, DType::Q6_K, false};
+  check_expert_parallel(c, 2);
+  check_expert_parallel(c, 4);
 }
 
 TEST(CpuMoe, EightExpertsTop3SeparateGateUp) {

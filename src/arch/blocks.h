@@ -14,8 +14,8 @@ struct BlockContext {
   ops::Ops& ops;
   const model::Config& config;  // the rank's (its heads) under tensor parallelism
   state::StateStore& states;
-  int64_t n;      // rows of the step
-  int rank = 0;   // tensor parallelism (model/shard.h): this rank of `ranks`
+  int64_t n;     // rows of the step
+  int rank = 0;  // tensor parallelism (model/shard.h): this rank of `ranks`
   int ranks = 1;
 };
 

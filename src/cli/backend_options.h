@@ -1,4 +1,5 @@
-// `--backend auto|cuda|cpu|ref`, `-t/--threads N` and `--tensor-parallel N`, the same on every command that runs a model.
+// `--backend auto|cuda|cpu|ref`, `-t/--threads N` and `--tensor-parallel N`, the same on every
+// command that runs a model.
 #pragma once
 
 #include <CLI/CLI.hpp>

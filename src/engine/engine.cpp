@@ -62,7 +62,7 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
   int64_t budget = options.expert_cache_bytes;
   if (budget < 0) {
     if (std::string(ops_[0]->name()) != "cpu") return;  // the cpu backend streams; others map
-    const int64_t free = available_memory();         // cgroup limits included
+    const int64_t free = available_memory();            // cgroup limits included
     const int64_t file_bytes = static_cast<int64_t>(file_.file_size());
     if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
     // What stays mapped (the trunk) plus 512 MiB for activations, state and the loader.
@@ -85,9 +85,9 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
   std::vector<ops::MappedPart> files;
   for (const gguf::Part& p : file_.parts()) files.push_back({p.path, p.base, p.size});
   ops_[0]->stream_experts({.files = std::move(files),
-                        .budget_bytes = budget,
-                        .slot_bytes = slot,
-                        .min_slots = config_.n_expert_used});
+                           .budget_bytes = budget,
+                           .slot_bytes = slot,
+                           .min_slots = config_.n_expert_used});
   streaming_experts_ = true;
 }
 
@@ -215,9 +215,9 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     rank_configs.push_back(models_[r]->config());
     rank_ops.push_back(ops_[r].get());
   }
-  states_ = std::make_unique<state::StateStore>(rank_configs, options.n_slots, n_ctx, rank_ops,
-                                                kPageSize, extra_pages,
-                                                std::max(0, options.verify_rows - 1));
+  states_ =
+      std::make_unique<state::StateStore>(rank_configs, options.n_slots, n_ctx, rank_ops, kPageSize,
+                                          extra_pages, std::max(0, options.verify_rows - 1));
 }
 
 void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
@@ -281,59 +281,46 @@ void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>
   for (const ops::Span& s : spans_) states_->reserve(s.slot, s.count, track);
   for (auto& ops : ops_)
     ops->begin_step({.tokens = tokens.data(),
-                    .positions = positions.data(),
-                    .n = static_cast<int64_t>(n),
-                    .spans = spans_.data(),
-                    .n_spans = static_cast<int>(spans_.size()),
-                    .output_rows = output_rows_.data(),
-                    .n_output_rows = static_cast<int64_t>(output_rows_.size()),
-                    .page_tables = states_->page_tables(track),
-                    .page_table_stride = states_->page_table_stride(),
-                    .deltanet_mode = options_.deltanet_mode,
-                    .ends_in_sample = ends_in_sample,
-                    .keep_states = any_keep});
+                     .positions = positions.data(),
+                     .n = static_cast<int64_t>(n),
+                     .spans = spans_.data(),
+                     .n_spans = static_cast<int>(spans_.size()),
+                     .output_rows = output_rows_.data(),
+                     .n_output_rows = static_cast<int64_t>(output_rows_.size()),
+                     .page_tables = states_->page_tables(track),
+                     .page_table_stride = states_->page_table_stride(),
+                     .deltanet_mode = options_.deltanet_mode,
+                     .ends_in_sample = ends_in_sample,
+                     .keep_states = any_keep});
 }
 
 void Engine::advance(state::Track track) {
   for (const ops::Span& s : spans_) states_->advance(s.slot, s.count, track);
 }
 
-void Engine::on_ranks(const std::function<void(int)>& fn) {
-  if (ops_.size() == 1) return fn(0);
-  group_->reset();
-  std::mutex mutex;
-  std::exception_ptr error;
-  rank_threads_->run(static_cast<int>(ops_.size()), [&](int rank, int) {
-    try {
-      fn(rank);
-    } catch (...) {
-      {
-        std::lock_guard lock(mutex);
-        if (!error) error = std::current_exception();  // the cause, before the others abort
-      }
-      group_->abort();
-    }
-  });
-  if (error) std::rethrow_exception(error);
+const std::vector<int64_t>& Engine::head_columns(int64_t rows) {
+  head_columns_.resize(ops_.size());
+  for (int r = 0; r < tensor_parallel(); ++r) {
+    const model::VocabRange v = model::vocab_range(config_, {r, tensor_parallel()});
+    head_columns_[r] = std::clamp<int64_t>(rows - v.begin, 0, v.end - v.begin);
+  }
+  return head_columns_;
 }
 
-const float* Engine::gather_logits(const std::vector<arch::ForwardResult>& results, int64_t m,
-                                   const std::function<int64_t(int)>& cols_of) {
-  if (ops_.size() == 1) return results[0].logits;
+const float* Engine::gather_logits(int64_t m, const std::vector<int64_t>& cols) {
+  if (ops_.size() == 1) return results_[0].logits;
   int64_t total = 0;
-  for (size_t r = 0; r < ops_.size(); ++r) total += cols_of(static_cast<int>(r));
+  for (int64_t c : cols) total += c;
   gathered_.resize(static_cast<size_t>(m * total));
-  std::vector<float> part;
   int64_t col = 0;
   for (size_t r = 0; r < ops_.size(); ++r) {
-    const int64_t cols = cols_of(static_cast<int>(r));
-    if (cols == 0) continue;
-    part.resize(static_cast<size_t>(m * cols));
-    ops_[r]->download(results[r].logits, part.data(), m * cols);
+    if (cols[r] == 0) continue;
+    part_.resize(static_cast<size_t>(m * cols[r]));
+    ops_[r]->download(results_[r].logits, part_.data(), m * cols[r]);
     for (int64_t i = 0; i < m; ++i)
-      std::copy(part.begin() + i * cols, part.begin() + (i + 1) * cols,
+      std::copy(part_.begin() + i * cols[r], part_.begin() + (i + 1) * cols[r],
                 gathered_.begin() + i * total + col);
-    col += cols;
+    col += cols[r];
   }
   float* logits = ops_[0]->alloc(m * total);
   ops_[0]->upload(gathered_.data(), logits, m * total);
@@ -352,12 +339,7 @@ arch::ForwardResult Engine::run(const Batch& batch, bool ends_in_sample) {
   });
   advance(state::Track::kTrunk);
   arch::ForwardResult r = results_[0];
-  if (m > 0) {
-    r.logits = gather_logits(results_, m, [&](int rank) {
-      const model::VocabRange v = model::vocab_range(config_, {rank, tensor_parallel()});
-      return v.end - v.begin;
-    });
-  }
+  if (m > 0) r.logits = gather_logits(m, head_columns(config_.n_vocab));
   return r;
 }
 
@@ -457,18 +439,15 @@ arch::ForwardResult Engine::run_mtp(const MtpBatch& batch, int64_t head_rows) {
     ops_[r]->reset_workspace();
     float* hidden = ops_[r]->alloc(static_cast<int64_t>(n) * config_.n_embd);
     ops_[r]->upload(batch.hidden.data(), hidden, static_cast<int64_t>(n) * config_.n_embd);
-    results_[r] = models_[r]->mtp_forward(*ops_[r], *states_, static_cast<int64_t>(n), m, hidden,
-                                          head_rows);
+    results_[r] =
+        models_[r]->mtp_forward(*ops_[r], *states_, static_cast<int64_t>(n), m, hidden, head_rows);
   });
   advance(state::Track::kMtp);
   arch::ForwardResult r = results_[0];
   if (m > 0) {
-    const int64_t rows = head_rows > 0 ? std::min<int64_t>(head_rows, config_.n_vocab)
-                                       : config_.n_vocab;
-    r.logits = gather_logits(results_, m, [&](int rank) {
-      const model::VocabRange v = model::vocab_range(config_, {rank, tensor_parallel()});
-      return std::clamp<int64_t>(rows - v.begin, 0, v.end - v.begin);
-    });
+    const int64_t rows =
+        head_rows > 0 ? std::min<int64_t>(head_rows, config_.n_vocab) : config_.n_vocab;
+    r.logits = gather_logits(m, head_columns(rows));
   }
   return r;
 }

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -158,11 +160,32 @@ class Engine {
   void advance(state::Track track);
   // Runs fn(rank) for every rank at once, one thread each (the caller's for rank 0); the first
   // failure is rethrown after every rank has stopped.
-  void on_ranks(const std::function<void(int)>& fn);
-  // Rank 0's workspace gets logits [m, cols] assembled from each rank's columns: cols_of(rank)
-  // columns of its logits, in rank order. The results as they are without tensor parallelism.
-  const float* gather_logits(const std::vector<arch::ForwardResult>& results, int64_t m,
-                             const std::function<int64_t(int)>& cols_of);
+  // (A template: a decode step allocates nothing, and a std::function of these lambdas would.)
+  template <class Fn>
+  void on_ranks(Fn&& fn) {
+    if (ops_.size() == 1) return fn(0);
+    group_->reset();
+    std::mutex mutex;
+    std::exception_ptr error;
+    rank_threads_->run(static_cast<int>(ops_.size()), [&](int rank, int) {
+      try {
+        fn(rank);
+      } catch (...) {
+        {
+          std::lock_guard lock(mutex);
+          if (!error) error = std::current_exception();  // the cause, before the others abort
+        }
+        group_->abort();
+      }
+    });
+    if (error) std::rethrow_exception(error);
+  }
+  // Rank 0's workspace gets logits [m, sum of cols] assembled from each rank's logits: cols[r]
+  // columns of rank r's, in rank order.
+  const float* gather_logits(int64_t m, const std::vector<int64_t>& cols);
+  // The columns of the head each rank holds of its first `rows` rows (all: n_vocab).
+  const std::vector<int64_t>& head_columns(int64_t rows);
+  std::vector<int64_t> head_columns_;
 
   gguf::File file_;
   model::Config config_;
@@ -174,7 +197,7 @@ class Engine {
   std::shared_ptr<ops::HostGroup> group_;
   std::unique_ptr<ThreadPool> rank_threads_;
   std::vector<arch::ForwardResult> results_;
-  std::vector<float> gathered_;
+  std::vector<float> gathered_, part_;
   std::unique_ptr<state::StateStore> states_;
   // The layout of the step being run (reused: no allocation per step once grown).
   std::vector<ops::Span> spans_;

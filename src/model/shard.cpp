@@ -22,8 +22,8 @@ HeadShare share_heads(const Config& c, Shard s) {
     } else if (n % c.n_head_kv == 0) {
       h.kv.push_back(r * q / group);  // the rank's query heads all read this one
     } else {
-      fail("tensor parallel: {} KV heads neither divide over {} ranks nor divide them",
-           c.n_head_kv, n);
+      fail("tensor parallel: {} KV heads neither divide over {} ranks nor divide them", c.n_head_kv,
+           n);
     }
   }
   if (c.ssm_k_heads > 0) {
@@ -97,8 +97,8 @@ Weight take(const Weight& w, const std::vector<Range>& rows, const std::vector<R
   if (cols.empty()) n_cols = v.ne[0];
   const auto& t = traits(v.dtype);
   bool on_blocks = true;
-  for (const Range& c : cs) on_blocks = on_blocks && c.begin % t.block_elems == 0 &&
-                                        c.count % t.block_elems == 0;
+  for (const Range& c : cs)
+    on_blocks = on_blocks && c.begin % t.block_elems == 0 && c.count % t.block_elems == 0;
   const DType type = on_blocks ? v.dtype : DType::F32;
   const auto& tt = traits(type);
   const int64_t row_bytes = n_cols / tt.block_elems * tt.block_bytes;
@@ -169,8 +169,8 @@ AttentionWeights shard_attention(const AttentionWeights& f, const Config& c, con
 DeltaNetWeights shard_deltanet(const DeltaNetWeights& f, const Config& c, const HeadShare& h,
                                ShardArena& a) {
   const int64_t d = c.ssm_head_dim, nk = int64_t{c.ssm_k_heads} * d;
-  const std::vector<Range> channels = concat(
-      concat(head_ranges(h.k, d), head_ranges(h.k, d, nk)), head_ranges(h.v, d, 2 * nk));
+  const std::vector<Range> channels =
+      concat(concat(head_ranges(h.k, d), head_ranges(h.k, d, nk)), head_ranges(h.v, d, 2 * nk));
   DeltaNetWeights w = f;
   w.qkv = take(f.qkv, channels, {}, a);
   w.conv = take(f.conv, channels, {}, a);
@@ -184,8 +184,8 @@ DeltaNetWeights shard_deltanet(const DeltaNetWeights& f, const Config& c, const 
 }
 
 // A SwiGLU's slice of its hidden width: gate and up rows, down columns.
-void shard_swiglu(const Weight& gate, const Weight& up, const Weight& down, Shard s,
-                  ShardArena& a, Weight& g, Weight& u, Weight& dn) {
+void shard_swiglu(const Weight& gate, const Weight& up, const Weight& down, Shard s, ShardArena& a,
+                  Weight& g, Weight& u, Weight& dn) {
   const int64_t ff = gate.view.ne[1];
   if (ff % s.size != 0)
     fail("tensor parallel: '{}' is {} wide, which does not divide over {} ranks", gate.name, ff,
@@ -223,8 +223,7 @@ MoeFfnWeights shard_ffn(const MoeFfnWeights& f, const Config& c, Shard s, ShardA
 }
 
 template <class Ffn>
-ModelWeights<Ffn> shard_model(const ModelWeights<Ffn>& f, const Config& c, Shard s,
-                              ShardArena& a) {
+ModelWeights<Ffn> shard_model(const ModelWeights<Ffn>& f, const Config& c, Shard s, ShardArena& a) {
   const HeadShare h = share_heads(c, s);
   const VocabRange vocab = vocab_range(c, s);
   const Range head_rows{vocab.begin, vocab.end - vocab.begin};
@@ -247,7 +246,7 @@ ModelWeights<Ffn> shard_model(const ModelWeights<Ffn>& f, const Config& c, Shard
   if (f.mtp) {
     MtpWeights<Ffn> m = *f.mtp;  // eh_proj, norms and embedding replicated
     m.head = f.mtp->head.view.data == f.output.view.data ? w.output
-                                                          : take(f.mtp->head, {head_rows}, {}, a);
+                                                         : take(f.mtp->head, {head_rows}, {}, a);
     m.attn = shard_attention(f.mtp->attn, c, h, a);
     m.ffn = shard_ffn(f.mtp->ffn, c, s, a);
     w.mtp = std::move(m);

@@ -144,8 +144,8 @@ class StateStore {
   int n_slots_;
   int64_t n_ctx_;
   int page_size_;
-  int64_t max_pages_;                           // per slot
-  int64_t n_pages_;  // per pool
+  int64_t max_pages_;  // per slot
+  int64_t n_pages_;    // per pool
   // The per-slot blocks of one recurrent layer: (buffer, history buffer, floats per slot).
   struct Block {
     float* live;

@@ -158,10 +158,6 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
     g = Group{.first_row = offsets[e], .count = count, .shared = false, .slot = e};
     if (!cache) set_views(g, w, e - base, fused, ff);
   }
-  if (n_groups == 0) {  // none of this backend's experts was picked, and no shared expert
-    std::fill(out, out + n * dim, 0.0f);
-    return;
-  }
   if (has_shared) {
     for (int64_t t = 0; t < n; ++t) {
       entry_token[n_entries + t] = static_cast<int32_t>(t);
@@ -169,6 +165,10 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
     }
     groups[n_groups++] =
         Group{w.shared_gate.view, w.shared_up.view, w.shared_down.view, n_entries, n, true, -1};
+  }
+  if (n_groups == 0) {  // none of this backend's experts was picked, and no shared expert
+    std::fill(out, out + n * dim, 0.0f);
+    return;
   }
 
   // 3. Quantise x once per token, then gather each expert's input rows (the shared expert reads

@@ -1,0 +1,396 @@
+// Tensor parallelism (issue 17; model/shard.h): how heads go to ranks on the family's shapes, the
+// weight slices, the host group's all-reduce, and end to end on the tiny models (cpu and ref): the
+// logits of N = 2 and 4 ranks against one, over a prompt and the decode steps after it, batches of
+// several sequences, snapshots, greedy generation with and without MTP drafting, and the errors
+// for what cannot be split.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "gen/draft.h"
+#include "gen/scheduler.h"
+#include "gen/turn.h"
+#include "model/shard.h"
+#include "ops/host_group.h"
+#include "quant/quant.h"
+#include "support/draft_runs.h"
+#include "support/isa_cap.h"
+#include "support/model_files.h"
+#include "support/run_binary.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qwenrt {
+namespace {
+
+using model::Config;
+using model::Shard;
+using testing_support::rel_l2;
+
+const std::string kRoot = std::string(QWENRT_SOURCE_DIR) + "/";
+const std::string kDenseQ8 = kRoot + "models/qwen35-chat-tiny.Q8_0.gguf";
+const std::string kDenseQ4 = kRoot + "models/qwen35-chat-tiny.Q4_K_M.gguf";
+const std::string kMoeQ4 = kRoot + "models/qwen35moe-chat-tiny.Q4_K_M.gguf";
+
+// The 27B's heads (Qwen3.6-27B: 24 query / 4 KV heads of 256; DeltaNet 16 K / 48 V heads of 128).
+Config shape_27b() {
+  Config c;
+  c.n_embd = 5120;
+  c.n_vocab = 248320;
+  c.n_head = 24;
+  c.n_head_kv = 4;
+  c.head_dim = 256;
+  c.ssm_k_heads = 16;
+  c.ssm_v_heads = 48;
+  c.ssm_head_dim = 128;
+  c.ssm_inner = 48 * 128;
+  c.n_ff = 17408;
+  return c;
+}
+
+// Every head lands on exactly one rank (KV heads on N / n_head_kv ranks when they are fewer than
+// the ranks), and each rank's local mapping reads the head the model's does: query head q reads
+// KV head q / group, V head v reads K head v % Hk.
+TEST(TensorParallelShard, HeadsOfThe27BShapeGoToRanksKeepingWhatEachHeadReads) {
+  const Config c = shape_27b();
+  for (int n : {1, 2, 4, 8}) {
+    std::vector<int> q_seen(c.n_head, 0), v_seen(c.ssm_v_heads, 0), kv_seen(c.n_head_kv, 0);
+    for (int r = 0; r < n; ++r) {
+      const model::HeadShare h = model::share_heads(c, {r, n});
+      const Config local = model::shard_config(c, {r, n});
+      ASSERT_EQ(local.n_head, static_cast<int>(h.q.size()));
+      ASSERT_EQ(local.ssm_v_heads, static_cast<int>(h.v.size()));
+      ASSERT_EQ(local.conv_channels(),
+                2 * local.ssm_k_heads * c.ssm_head_dim + local.ssm_v_heads * c.ssm_head_dim);
+      EXPECT_EQ(static_cast<int>(h.q.size()) * n, c.n_head) << n;
+      const int group = c.n_head / c.n_head_kv, local_group = local.n_head / local.n_head_kv;
+      for (size_t j = 0; j < h.q.size(); ++j) {
+        ++q_seen[h.q[j]];
+        EXPECT_EQ(h.q[j] / group, h.kv[j / local_group]) << "rank " << r << " of " << n;
+      }
+      for (int kv : h.kv) ++kv_seen[kv];
+      for (size_t j = 0; j < h.v.size(); ++j) {
+        ++v_seen[h.v[j]];
+        EXPECT_EQ(h.v[j] % c.ssm_k_heads, h.k[j % h.k.size()]) << "rank " << r << " of " << n;
+      }
+    }
+    for (int s : q_seen) EXPECT_EQ(s, 1) << n;
+    for (int s : v_seen) EXPECT_EQ(s, 1) << n;
+    for (int s : kv_seen) EXPECT_EQ(s, std::max(1, n / c.n_head_kv)) << n;
+  }
+  // 32 ranks: DeltaNet's 48 V heads cannot be shared (3 per K head over 2 ranks each).
+  Config many = c;
+  many.n_head = 32;
+  many.n_head_kv = 4;
+  EXPECT_THROW(model::share_heads(many, {0, 32}), Error);
+  // 16 ranks: one K head each, its 3 V heads with it.
+  many.n_head = 16;
+  EXPECT_EQ(model::share_heads(many, {5, 16}).v, (std::vector<int>{5, 21, 37}));
+  Config odd = c;
+  odd.n_head = 6;
+  odd.n_head_kv = 3;
+  try {
+    model::share_heads(odd, {0, 4});
+    FAIL() << "6 heads over 4 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("6 attention heads"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TensorParallelShard, VocabularyRowsCoverTheHeadOnce) {
+  const Config c = shape_27b();
+  for (int n : {1, 3, 8}) {
+    int64_t next = 0;
+    for (int r = 0; r < n; ++r) {
+      const model::VocabRange v = model::vocab_range(c, {r, n});
+      EXPECT_EQ(v.begin, next);
+      next = v.end;
+    }
+    EXPECT_EQ(next, c.n_vocab);
+  }
+}
+
+// A Q8_0 matrix [in 128, out 6] of known values.
+struct Q8Matrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;  // dequantised, [6, 128]
+  Weight w;
+};
+Q8Matrix q8_matrix() {
+  Q8Matrix m;
+  const int64_t in = 128, out = 6;
+  std::vector<float> src(in * out);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = std::sin(0.37f * static_cast<float>(i));
+  const auto& t = traits(DType::Q8_0);
+  m.bytes.resize(in / t.block_elems * t.block_bytes * out);
+  quant::quantize(DType::Q8_0, src.data(), m.bytes.data(), in * out);
+  m.values.resize(src.size());
+  quant::dequantize(DType::Q8_0, m.bytes.data(), m.values.data(), in * out);
+  m.w = {"m", TensorView::contiguous(DType::Q8_0, 2, {in, out, 1, 1}, m.bytes.data())};
+  return m;
+}
+
+TEST(TensorParallelShard, TakeViewsOneRowRangeAndCopiesColumns) {
+  const Q8Matrix m = q8_matrix();
+  model::ShardArena arena;
+  // One row range: a view of the same bytes.
+  const Weight rows = model::take(m.w, {{2, 3}}, {}, arena);
+  EXPECT_EQ(rows.view.data, m.w.view.row(2));
+  EXPECT_EQ(rows.view.ne[1], 3);
+  // Rows 4..5 then 0 and columns on block boundaries: a Q8_0 copy of those blocks.
+  const Weight blocks = model::take(m.w, {{4, 2}, {0, 1}}, {{32, 64}}, arena);
+  ASSERT_EQ(blocks.view.dtype, DType::Q8_0);
+  ASSERT_EQ(blocks.view.ne[0], 64);
+  ASSERT_EQ(blocks.view.ne[1], 3);
+  std::vector<float> got(64);
+  const int64_t src_rows[] = {4, 5, 0};
+  for (int i = 0; i < 3; ++i) {
+    quant::dequantize(DType::Q8_0, blocks.view.row(i), got.data(), 64);
+    for (int c = 0; c < 64; ++c) EXPECT_EQ(got[c], m.values[src_rows[i] * 128 + 32 + c]);
+  }
+  // Columns off the blocks (16..23 and 100..103): fp32 values of the dequantised weights.
+  const Weight f32 = model::take(m.w, {{1, 2}}, {{16, 8}, {100, 4}}, arena);
+  ASSERT_EQ(f32.view.dtype, DType::F32);
+  ASSERT_EQ(f32.view.ne[0], 12);
+  for (int i = 0; i < 2; ++i) {
+    const auto* row = reinterpret_cast<const float*>(f32.view.row(i));
+    for (int c = 0; c < 8; ++c) EXPECT_EQ(row[c], m.values[(1 + i) * 128 + 16 + c]);
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(row[8 + c], m.values[(1 + i) * 128 + 100 + c]);
+  }
+  EXPECT_THROW(model::take(m.w, {{5, 2}}, {}, arena), Error);  // past the last row
+}
+
+// Three ranks sum arrays of different values: each gets the sum in rank order, the same floats.
+TEST(TensorParallelGroup, AllReduceGivesEveryRankTheSameSum) {
+  const int n_ranks = 3;
+  const int64_t n = 1001;
+  ops::HostGroup group(n_ranks);
+  std::vector<std::vector<float>> x(n_ranks, std::vector<float>(n));
+  for (int r = 0; r < n_ranks; ++r)
+    for (int64_t i = 0; i < n; ++i) x[r][i] = std::cos(0.1f * static_cast<float>(i * (r + 1)));
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = (x[0][i] + x[1][i]) + x[2][i];
+  for (int round = 0; round < 3; ++round) {  // the group is reused call after call
+    auto y = x;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n_ranks; ++r)
+      threads.emplace_back([&, r] { group.all_reduce_sum(r, y[r].data(), n); });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n_ranks; ++r) EXPECT_EQ(y[r], want) << "rank " << r;
+  }
+}
+
+// A rank that fails aborts the group: the others' calls throw instead of waiting forever.
+TEST(TensorParallelGroup, AnAbortWakesTheOtherRanks) {
+  ops::HostGroup group(3);
+  std::atomic<int> threw{0};
+  std::vector<float> a(8, 1.0f), b(8, 2.0f);
+  std::thread t1([&] {
+    try {
+      group.all_reduce_sum(0, a.data(), 8);
+    } catch (const Error&) {
+      ++threw;
+    }
+  });
+  std::thread t2([&] {
+    try {
+      group.all_reduce_sum(1, b.data(), 8);
+    } catch (const Error&) {
+      ++threw;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  group.abort();  // rank 2 never arrives
+  t1.join();
+  t2.join();
+  EXPECT_EQ(threw.load(), 2);
+  group.reset();
+  std::vector<float> c(8, 3.0f), d(8, 4.0f);
+  std::thread t3([&] { group.all_reduce_sum(0, c.data(), 8); });
+  std::thread t4([&] { group.all_reduce_sum(1, d.data(), 8); });
+  group.all_reduce_sum(2, a.data(), 8);
+  t3.join();
+  t4.join();
+  EXPECT_EQ(a[0], 3.0f + 4.0f + 1.0f);
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(d, a);
+}
+
+std::unique_ptr<engine::Engine> load(const std::string& path, const std::string& backend, int tp,
+                                     int n_slots = 2) {
+  engine::EngineOptions o;
+  o.backend = backend;
+  o.n_threads = 2;
+  o.n_slots = n_slots;
+  o.n_ctx = 512;
+  o.verify_rows = 4;
+  o.tensor_parallel = tp;
+  return engine::Engine::load(path, o);
+}
+
+struct TpCase {
+  std::string file;
+  std::string backend;
+  int ranks;
+};
+
+std::string case_name(const ::testing::TestParamInfo<TpCase>& info) {
+  std::string f = info.param.file.substr(info.param.file.rfind('/') + 1);
+  for (char& ch : f) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return f + "_" + info.param.backend + "_" + std::to_string(info.param.ranks);
+}
+
+class TensorParallelModel : public ::testing::TestWithParam<TpCase> {};
+
+// Prompt logits, then decode steps, of two sequences in one batch and one alone, on the reference
+// backend at one rank (the oracle), the case's backend at one rank and at N: N ranks are no
+// further from the oracle than one rank of the same backend (the split only changes fp32 summation
+// order, and on cpu runs columns off the quant blocks in fp32 where one rank quantises activations
+// to int8); on ref itself, within 1e-5. Snapshot and restore bring every rank's state back, bit
+// for bit.
+TEST_P(TensorParallelModel, LogitsAreAsCloseToTheOracleAsOneRankThroughDecodeAndSnapshots) {
+  const TpCase& p = GetParam();
+  testing_support::MatmulIsaCap cap;
+  auto oracle = load(p.file, "ref", 1);
+  auto one = load(p.file, p.backend, 1);
+  auto many = load(p.file, p.backend, p.ranks);
+  ASSERT_EQ(many->tensor_parallel(), p.ranks);
+  const int V = one->config().n_vocab;
+  const auto prompt_a = testing_support::random_tokens(23, V, 5);
+  const auto prompt_b = testing_support::random_tokens(9, V, 6);
+  engine::Batch batch;
+  for (size_t i = 0; i < prompt_a.size(); ++i) batch.add(0, prompt_a[i], i, true);
+  for (size_t i = 0; i < prompt_b.size(); ++i)
+    batch.add(1, prompt_b[i], i, i + 1 == prompt_b.size());
+  double err_one = 0, err_many = 0;
+  auto compare = [&](const engine::Batch& b) {
+    const auto want = oracle->step(b);
+    err_one = std::max(err_one, rel_l2(one->step(b), want));
+    const auto got = many->step(b);
+    err_many = std::max(err_many, rel_l2(got, want));
+    return got;
+  };
+  compare(batch);
+  auto snapshot = many->states().snapshot(0);
+  int32_t pos_a = 23, pos_b = 9;
+  std::vector<float> after_snapshot;
+  for (int t = 0; t < 6; ++t) {
+    engine::Batch step;
+    step.add(0, (t * 37 + 11) % V, pos_a++, true);
+    if (t % 2 == 0) step.add(1, (t * 53 + 7) % V, pos_b++, true);
+    const auto got = compare(step);
+    if (t == 0) after_snapshot.assign(got.begin(), got.begin() + V);
+  }
+  std::printf("[tp] %s %s: logits rel L2 to ref at one rank: %.2e at 1 rank, %.2e at %d\n",
+              p.file.c_str(), p.backend.c_str(), err_one, err_many, p.ranks);
+  EXPECT_LE(err_many, std::max(1e-5, 1.5 * err_one));
+  // Back to the snapshot (the prompt's end): the first decode row again, bit for bit.
+  many->states().restore(0, snapshot);
+  engine::Batch again;
+  again.add(0, 11, 23, true);
+  EXPECT_EQ(many->step(again), after_snapshot);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, TensorParallelModel,
+                         ::testing::Values(TpCase{kDenseQ8, "cpu", 2}, TpCase{kDenseQ8, "cpu", 4},
+                                           TpCase{kDenseQ4, "cpu", 2}, TpCase{kMoeQ4, "cpu", 2},
+                                           TpCase{kMoeQ4, "cpu", 4}, TpCase{kDenseQ8, "ref", 2},
+                                           TpCase{kMoeQ4, "ref", 4}),
+                         case_name);
+
+// Greedy generation through the scheduler: the same tokens at 2 ranks as at one, plain and with
+// MTP drafts (the draft head's rows are split too) and with the prefix cache (snapshots of every
+// rank's state) over two rounds.
+TEST(TensorParallelGeneration, GreedyRepliesAreTheSameAsOneRankWithDraftsAndThePrefixCache) {
+  testing_support::MatmulIsaCap cap;
+  for (const std::string& file : {kDenseQ8, kMoeQ4}) {
+    std::vector<std::vector<testing_support::DraftOutcome>> runs;
+    for (int tp : {1, 2}) {
+      for (bool drafts : {false, true}) {
+        auto e = load(file, "cpu", tp, 3);
+        auto tok = tokenizer::Tokenizer::from_gguf(e->file());
+        gen::SchedulerOptions so{.prefix_cache = true};
+        if (drafts)
+          so.draft = {.kind = gen::DraftKind::kMtp, .max_tokens = 2, .pause_when_slower = false};
+        gen::Scheduler s(*e, tok, so);
+        std::vector<testing_support::DraftOutcome> out;
+        for (int round = 0; round < 2; ++round) {
+          out.assign(3, {});
+          const char* users[] = {"Tell me about the weather in Paris today.", "What is 47 + 38?",
+                                 "Repeat after me: the quick brown fox."};
+          for (int i = 0; i < 3; ++i) {
+            gen::ChatTurn turn{.messages =
+                                   chat::Json::array({{{"role", "user"}, {"content", users[i]}}})};
+            turn.render.enable_thinking = false;
+            gen::SequenceParams sp;
+            sp.prompt =
+                gen::prepare_turn(tok, chat::dialect_for(e->identity().checkpoint), turn).prompt;
+            sp.max_tokens = 60;
+            sp.sampling.temperature = 0.0f;
+            s.submit(sp, testing_support::collect_outcome(out[i]));
+          }
+          while (s.step()) {
+          }
+        }
+        runs.push_back(out);
+      }
+    }
+    const char* names[] = {"1 rank", "1 rank, drafts", "2 ranks", "2 ranks, drafts"};
+    for (size_t r = 1; r < runs.size(); ++r)
+      testing_support::expect_same(true, runs[0], runs[r], file + ", " + names[r]);
+  }
+}
+
+TEST(TensorParallelErrors, WhatCannotBeSplitIsRefusedNamingIt) {
+  auto message = [](const std::string& path, const std::string& backend, int tp) {
+    try {
+      load(path, backend, tp);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  // 4 attention heads over 3 ranks.
+  EXPECT_NE(message(kDenseQ8, "cpu", 3).find("4 attention heads"), std::string::npos);
+  // Qwen3.8-Flash-Next is not split yet.
+  EXPECT_NE(message(kRoot + "tests/fixtures/models/qwen4exp.Q8_0.gguf", "ref", 2).find("qwen4exp"),
+            std::string::npos);
+  engine::EngineOptions o;
+  o.backend = "cpu";
+  o.tensor_parallel = 2;
+  o.expert_cache_bytes = int64_t{1} << 30;
+  try {
+    engine::Engine::load(kMoeQ4, o);
+    FAIL() << "streamed experts with tensor parallelism";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--expert-cache"), std::string::npos) << e.what();
+  }
+  o.expert_cache_bytes = -1;
+  o.tensor_parallel = 0;
+  EXPECT_THROW(engine::Engine::load(kMoeQ4, o), Error);
+}
+
+TEST(TensorParallelCli, RunGivesTheSameReplyAtTwoRanks) {
+  const std::string args = "run -m " + kDenseQ8 +
+                           " -p \"Tell me a short story about a cat.\" --no-think --temp 0 -n 40 "
+                           "--backend cpu -t 2";
+  const auto one = testing_support::run_qwenrt(args);
+  const auto two = testing_support::run_qwenrt(args + " --tensor-parallel 2");
+  ASSERT_EQ(one.code, 0) << one.err;
+  ASSERT_EQ(two.code, 0) << two.err;
+  EXPECT_EQ(one.out, two.out);
+  EXPECT_FALSE(one.out.empty());
+  const auto bad = testing_support::run_qwenrt(args + " --tensor-parallel 3");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("attention heads"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace qwenrt
