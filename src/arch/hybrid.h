@@ -4,6 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <map>
+#include <tuple>
+#include <vector>
 
 #include "arch/blocks.h"
 #include "core/error.h"
@@ -20,7 +23,19 @@ class Hybrid final : public Model {
         shard_(shard),
         weights_(shard.size > 1 ? model::shard_weights(bind(file, config), config, shard, arena_)
                                 : bind(file, config)) {
-    model::for_each_weight(weights_, [&](Weight& w) { w = ops.place(w); });
+    // Each distinct tensor once (the MTP block's head and embedding are often the trunk's).
+    std::map<std::tuple<const void*, DType, int64_t, int64_t, int64_t>, Weight> placed;
+    model::for_each_weight(weights_, [&](Weight& w) {
+      const auto key =
+          std::make_tuple(w.view.data, w.view.dtype, w.view.ne[0], w.view.ne[1], w.view.ne[2]);
+      auto it = placed.find(key);
+      if (it == placed.end()) it = placed.emplace(key, ops.place(w)).first;
+      w = it->second;
+    });
+    // The rank's copies the backend copied again (repacked) are not read any more.
+    std::vector<const void*> in_use;
+    for (const auto& [key, w] : placed) in_use.push_back(w.view.data);
+    arena_.keep_only(in_use);
   }
   const model::Config& config() const override { return config_; }
   ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,

@@ -170,13 +170,14 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     // Before the weights are placed: a backend that streams nothing (cuda) refuses an explicit
     // --expert-cache before it uploads anything.
     setup_expert_streaming(options);
-    // A rank's share of a weight may be a copy in host memory, which must not be released as
-    // mapped file pages: only one rank's weights report through set_place_progress.
-    if (ops_[0]->copies_weights()) {
-      uint64_t total = 0;
-      for (const auto& t : file_.tensors()) total += t.n_bytes;
-      ops_[0]->set_place_progress(options.on_load_progress, total);
-    }
+  }
+  if (ops_[0]->copies_weights()) {
+    // Every rank may drop the file pages of what it copied (each places a tensor once, and its
+    // own copies of split weights are freed once placed); rank 0 reports the progress.
+    uint64_t total = 0;
+    for (const auto& t : file_.tensors()) total += t.n_bytes;
+    for (int r = 0; r < n_ranks; ++r)
+      ops_[r]->set_place_progress(r == 0 ? options.on_load_progress : nullptr, total);
   }
   for (int r = 0; r < n_ranks; ++r)
     models_.push_back(arch::make_model(file_, config_, *ops_[r], {.rank = r, .size = n_ranks}));

@@ -1,5 +1,6 @@
 #include "model/shard.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -67,6 +68,12 @@ VocabRange vocab_range(const Config& c, Shard s) {
 void* ShardArena::alloc(size_t bytes) {
   blocks_.push_back(std::make_unique<uint8_t[]>(bytes));
   return blocks_.back().get();
+}
+
+void ShardArena::keep_only(const std::vector<const void*>& in_use) {
+  std::erase_if(blocks_, [&](const std::unique_ptr<uint8_t[]>& b) {
+    return std::find(in_use.begin(), in_use.end(), b.get()) == in_use.end();
+  });
 }
 
 Weight take(const Weight& w, const std::vector<Range>& rows, const std::vector<Range>& cols,

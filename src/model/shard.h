@@ -55,6 +55,8 @@ VocabRange vocab_range(const Config& c, Shard shard);
 class ShardArena {
  public:
   void* alloc(size_t bytes);
+  // Frees the copies none of `in_use` points at (those a backend copied when it placed them).
+  void keep_only(const std::vector<const void*>& in_use);
 
  private:
   std::vector<std::unique_ptr<uint8_t[]>> blocks_;
