@@ -80,16 +80,22 @@ MoeWeights to_panels(const MoeWeights& w, std::vector<testing_support::PanelCopy
   return out;
 }
 
+// n rows of dim standard-normal inputs.
+std::vector<float> random_rows(int64_t n, int64_t dim, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n * dim);
+  for (auto& v : x) v = normal(rng);
+  return x;
+}
+
 void check_case(const MoeCase& c) {
   std::mt19937 rng(99 + c.n_expert * 7 + c.k + (c.fused ? 1 : 0));
   const MoeModel m = make_model(c, rng);
   ThreadPool pool(2);
   Scratch scratch;
   Context ctx{pool, scratch};
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t n : {1, 5, 64}) {
-    std::vector<float> x(n * c.dim);
-    for (auto& v : x) v = normal(rng);
+    const std::vector<float> x = random_rows(n, c.dim, rng);
     std::vector<float> want(n * c.dim, 0.0f);
     ref::moe_ffn(m.w, x.data(), want.data(), n, c.n_expert, c.k);
     for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
@@ -122,10 +128,8 @@ void check_expert_parallel(const MoeCase& c, int ranks) {
   ThreadPool pool(2);
   Scratch scratch;
   Context ctx{pool, scratch};
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t n : {1, 2, 5}) {
-    std::vector<float> x(n * c.dim);
-    for (auto& v : x) v = normal(rng);
+    const std::vector<float> x = random_rows(n, c.dim, rng);
     std::vector<float> whole(n * c.dim, 0.0f), sum(n * c.dim, 0.0f);
     ref::moe_ffn(m.w, x.data(), whole.data(), n, c.n_expert, c.k);
     for (int r = 0; r < ranks; ++r) {

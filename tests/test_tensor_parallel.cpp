@@ -18,6 +18,7 @@
 #include "gen/draft.h"
 #include "gen/scheduler.h"
 #include "gen/turn.h"
+#include "model/checkpoints.h"
 #include "model/shard.h"
 #include "ops/host_group.h"
 #include "quant/quant.h"
@@ -39,56 +40,53 @@ const std::string kDenseQ8 = kRoot + "models/qwen35-chat-tiny.Q8_0.gguf";
 const std::string kDenseQ4 = kRoot + "models/qwen35-chat-tiny.Q4_K_M.gguf";
 const std::string kMoeQ4 = kRoot + "models/qwen35moe-chat-tiny.Q4_K_M.gguf";
 
-// The 27B's heads (Qwen3.6-27B: 24 query / 4 KV heads of 256; DeltaNet 16 K / 48 V heads of 128).
-Config shape_27b() {
-  Config c;
-  c.n_embd = 5120;
-  c.n_vocab = 248320;
-  c.n_head = 24;
-  c.n_head_kv = 4;
-  c.head_dim = 256;
-  c.ssm_k_heads = 16;
-  c.ssm_v_heads = 48;
-  c.ssm_head_dim = 128;
-  c.ssm_inner = 48 * 128;
-  c.n_ff = 17408;
-  return c;
-}
-
 // Every head lands on exactly one rank (KV heads on N / n_head_kv ranks when they are fewer than
 // the ranks), and each rank's local mapping reads the head the model's does: query head q reads
-// KV head q / group, V head v reads K head v % Hk.
-TEST(TensorParallelShard, HeadsOfThe27BShapeGoToRanksKeepingWhatEachHeadReads) {
-  const Config c = shape_27b();
-  for (int n : {1, 2, 4, 8}) {
-    std::vector<int> q_seen(c.n_head, 0), v_seen(c.ssm_v_heads, 0), kv_seen(c.n_head_kv, 0);
-    for (int r = 0; r < n; ++r) {
-      const model::HeadShare h = model::share_heads(c, {r, n});
-      const Config local = model::shard_config(c, {r, n});
-      ASSERT_EQ(local.n_head, static_cast<int>(h.q.size()));
-      ASSERT_EQ(local.ssm_v_heads, static_cast<int>(h.v.size()));
-      ASSERT_EQ(local.conv_channels(),
-                2 * local.ssm_k_heads * c.ssm_head_dim + local.ssm_v_heads * c.ssm_head_dim);
-      EXPECT_EQ(static_cast<int>(h.q.size()) * n, c.n_head) << n;
-      const int group = c.n_head / c.n_head_kv, local_group = local.n_head / local.n_head_kv;
-      for (size_t j = 0; j < h.q.size(); ++j) {
-        ++q_seen[h.q[j]];
-        EXPECT_EQ(h.q[j] / group, h.kv[j / local_group]) << "rank " << r << " of " << n;
-      }
-      for (int kv : h.kv) ++kv_seen[kv];
-      for (size_t j = 0; j < h.v.size(); ++j) {
-        ++v_seen[h.v[j]];
-        EXPECT_EQ(h.v[j] % c.ssm_k_heads, h.k[j % h.k.size()]) << "rank " << r << " of " << n;
-      }
+// KV head q / group, V head v reads K head v % Hk. On the shapes of the released 27B and 35B-A3B
+// (model/checkpoints.h) at 1, 2, 4 and 8 ranks.
+void expect_heads_shared(const Config& c, int n) {
+  std::vector<int> q_seen(c.n_head, 0), v_seen(c.ssm_v_heads, 0), kv_seen(c.n_head_kv, 0);
+  for (int r = 0; r < n; ++r) {
+    const model::HeadShare h = model::share_heads(c, {r, n});
+    const Config local = model::shard_config(c, {r, n});
+    ASSERT_EQ(local.n_head, static_cast<int>(h.q.size()));
+    ASSERT_EQ(local.ssm_v_heads, static_cast<int>(h.v.size()));
+    ASSERT_EQ(local.conv_channels(),
+              2 * local.ssm_k_heads * c.ssm_head_dim + local.ssm_v_heads * c.ssm_head_dim);
+    EXPECT_EQ(static_cast<int>(h.q.size()) * n, c.n_head) << n;
+    const int group = c.n_head / c.n_head_kv, local_group = local.n_head / local.n_head_kv;
+    for (size_t j = 0; j < h.q.size(); ++j) {
+      ++q_seen[h.q[j]];
+      EXPECT_EQ(h.q[j] / group, h.kv[j / local_group]) << "rank " << r << " of " << n;
     }
-    for (int s : q_seen) EXPECT_EQ(s, 1) << n;
-    for (int s : v_seen) EXPECT_EQ(s, 1) << n;
-    for (int s : kv_seen) EXPECT_EQ(s, std::max(1, n / c.n_head_kv)) << n;
+    for (int kv : h.kv) ++kv_seen[kv];
+    for (size_t j = 0; j < h.v.size(); ++j) {
+      ++v_seen[h.v[j]];
+      EXPECT_EQ(h.v[j] % c.ssm_k_heads, h.k[j % h.k.size()]) << "rank " << r << " of " << n;
+    }
   }
+  for (int s : q_seen) EXPECT_EQ(s, 1) << n;
+  for (int s : v_seen) EXPECT_EQ(s, 1) << n;
+  for (int s : kv_seen) EXPECT_EQ(s, std::max(1, n / c.n_head_kv)) << n;
+}
+
+Config shape(const char* name) {
+  const auto s = model::checkpoint_shape(name);
+  EXPECT_TRUE(s.has_value()) << name;
+  return s ? s->config : Config{};
+}
+
+TEST(TensorParallelShard, HeadsOfTheReleasedShapesGoToRanksKeepingWhatEachHeadReads) {
+  for (const char* name : {"Qwen3.6-27B", "Qwen3.6-35B-A3B"}) {
+    for (int n : {1, 2, 4, 8}) {
+      SCOPED_TRACE(std::string(name) + " over " + std::to_string(n));
+      expect_heads_shared(shape(name), n);
+    }
+  }
+  const Config c = shape("Qwen3.6-27B");
   // 32 ranks: DeltaNet's 48 V heads cannot be shared (3 per K head over 2 ranks each).
   Config many = c;
   many.n_head = 32;
-  many.n_head_kv = 4;
   EXPECT_THROW(model::share_heads(many, {0, 32}), Error);
   // 16 ranks: one K head each, its 3 V heads with it.
   many.n_head = 16;
@@ -105,7 +103,7 @@ TEST(TensorParallelShard, HeadsOfThe27BShapeGoToRanksKeepingWhatEachHeadReads) {
 }
 
 TEST(TensorParallelShard, VocabularyRowsCoverTheHeadOnce) {
-  const Config c = shape_27b();
+  const Config c = shape("Qwen3.6-27B");
   for (int n : {1, 3, 8}) {
     int64_t next = 0;
     for (int r = 0; r < n; ++r) {
