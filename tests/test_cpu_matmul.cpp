@@ -14,6 +14,7 @@
 #include "ops/cpu/isa.h"
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/matmul_gemm.h"
+#include "ops/cpu/quant_dot.h"
 #include "ops/cpu/repack.h"
 #include "ops/ref/kernels.h"
 #include "quant/quant.h"
@@ -168,6 +169,36 @@ INSTANTIATE_TEST_SUITE_P(DequantisedTypes, CpuMatmul,
 // tiles (9, 17, 63), on a prefix of the rows that ends inside a panel, and bit for bit against
 // the row layout's panel GEMM where both unpack the same codes into the same tiles (n > 8).
 using testing_support::panel_copy;
+
+// The activation quantiser gives the same bytes at every ISA level: random rows, rows with
+// values exactly half-way between two codes (round half to even), all-zero blocks, one block of
+// a single large value, in both int8 formats.
+TEST(CpuMatmul, ActivationQuantisationIsTheSameBytesAtEveryLevel) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int64_t in = 256 * 3;
+  std::vector<float> x(in);
+  for (auto& v : x) v = normal(rng);
+  for (int64_t i = 256; i < 512; ++i) x[i] = 0.0f;  // a zero block (and 8 zero 32-blocks)
+  // Block 3: amax 127 makes id 1, so k + 0.5 lands half-way between codes.
+  for (int64_t i = 512; i < 768; ++i) x[i] = static_cast<float>(i % 64) - 31.5f;
+  x[700] = 127.0f;
+  for (ActFormat f : {ActFormat::kQ8K, ActFormat::kQ8_32}) {
+    const int64_t bytes = act_row_bytes(f, in);
+    std::vector<uint8_t> want(bytes), got(bytes);
+    {
+      IsaGuard guard(Isa::kScalar);
+      quantize_act_row(f, x.data(), in, want.data());
+    }
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (isa > detected_isa()) continue;
+      IsaGuard guard(isa);
+      std::fill(got.begin(), got.end(), 0xAB);
+      quantize_act_row(f, x.data(), in, got.data());
+      EXPECT_EQ(got, want) << isa_name(isa) << (f == ActFormat::kQ8K ? " Q8_K" : " Q8_0");
+    }
+  }
+}
 
 TEST(CpuMatmul, PanelLayoutMatchesReferenceAndRowLayout) {
   if (detected_isa() < Isa::kAvx512) GTEST_SKIP() << "the panel layout needs AVX-512 VNNI";

@@ -55,6 +55,11 @@ float quantize_block_i8(const float* x, int8_t* q) {
 }  // namespace
 
 void quantize_act_row(ActFormat f, const float* x, int64_t in, void* dst) {
+  if (f != ActFormat::kF32) {
+    const Isa isa = active_isa();
+    if (isa >= Isa::kAvx512) return quantize_act_row_avx512(f, x, in, dst);
+    if (isa >= Isa::kAvx2) return quantize_act_row_avx2(f, x, in, dst);
+  }
   switch (f) {
     case ActFormat::kQ8K: {
       auto* b = static_cast<BlockQ8K*>(dst);

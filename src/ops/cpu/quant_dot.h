@@ -34,8 +34,12 @@ enum class ActFormat { kF32, kQ8K, kQ8_32 };
 ActFormat act_format(DType weight_type);
 // Bytes of one quantised activation row of `in` values (in a multiple of the format's block).
 int64_t act_row_bytes(ActFormat f, int64_t in);
-// Quantises x [in] into one row of the format (kF32: a plain copy). dst is 4-byte aligned.
+// Quantises x [in] into one row of the format (kF32: a plain copy). dst is 4-byte aligned. The
+// same bytes at every ISA level (active_isa() picks the code).
 void quantize_act_row(ActFormat f, const float* x, int64_t in, void* dst);
+// The int8 formats at one level (quant_dot_avx2.cpp, quant_dot_avx512.cpp).
+void quantize_act_row_avx2(ActFormat f, const float* x, int64_t in, void* dst);
+void quantize_act_row_avx512(ActFormat f, const float* x, int64_t in, void* dst);
 
 // sum_i w[i] * a[i] over one weight row of n_blocks blocks (of the weight type) and one
 // activation row in act_format(type).

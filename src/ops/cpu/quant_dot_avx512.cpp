@@ -93,6 +93,44 @@ float dot_f32_avx512(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// quantize_act_row's blocks at 512 bits: the same values as the scalar code (max |x| is exact in
+// any order, x * (127 / amax) is one rounded product, and vcvtps2dq rounds to nearest even as
+// lrintf does in the default mode), 16 values a vector.
+namespace {
+// 16 values -> int8 codes at q; returns their sum.
+inline int32_t quantize16(const float* x, __m512 id, int8_t* q) {
+  const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), id));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(v));
+  return _mm512_reduce_add_epi32(v);
+}
+inline float abs_max(const float* x, int n) {
+  __m512 m = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  return _mm512_reduce_max_ps(m);
+}
+}  // namespace
+
+void quantize_act_row_avx512(ActFormat f, const float* x, int64_t in, void* dst) {
+  if (f == ActFormat::kQ8K) {
+    auto* b = static_cast<BlockQ8K*>(dst);
+    for (int64_t i = 0; i < in / 256; ++i, x += 256, ++b) {
+      const float amax = abs_max(x, 256);
+      const __m512 id = _mm512_set1_ps(amax == 0 ? 0.0f : 127.0f / amax);
+      b->d = amax == 0 ? 0.0f : amax / 127.0f;
+      for (int j = 0; j < 16; ++j)
+        b->bsums[j] = static_cast<int16_t>(quantize16(x + 16 * j, id, b->qs + 16 * j));
+    }
+  } else {
+    auto* b = static_cast<BlockQ8_32*>(dst);
+    for (int64_t i = 0; i < in / 32; ++i, x += 32, ++b) {
+      const float amax = abs_max(x, 32);
+      const __m512 id = _mm512_set1_ps(amax == 0 ? 0.0f : 127.0f / amax);
+      b->d = amax == 0 ? 0.0f : amax / 127.0f;
+      b->sum = quantize16(x, id, b->qs) + quantize16(x + 16, id, b->qs + 16);
+    }
+  }
+}
+
 }  // namespace qwenrt::ops::cpu
 
 #if defined(__clang__)
@@ -110,6 +148,7 @@ DotFn dot_kernel_avx512(DType) {
 float dot_f32_avx512(const float*, const float*, int64_t) {
   return 0;
 }
+void quantize_act_row_avx512(ActFormat, const float*, int64_t, void*) {}
 }  // namespace qwenrt::ops::cpu
 
 #endif
