@@ -329,6 +329,45 @@ TEST_P(SeamTest, BackendSamplingEqualsTheSampler) {
   EXPECT_EQ(out[0].top_ids[0], best);
 }
 
+// A row that does not want log-probabilities picks the same token as one that does: greedy on
+// the raw logits (the argmax), greedy after a bias, and a seeded draw after penalties.
+TEST_P(SeamTest, RowsWithoutLogprobsPickTheSameTokens) {
+  auto e = load(1);
+  const int V = e->config().n_vocab;
+  const auto ids = random_tokens(12, V, 81);
+  Batch b;
+  for (int i = 0; i < 12; ++i) b.add(0, ids[i], i, i == 11);
+  const auto logits = load(1)->step(b);
+  const int32_t best =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const std::vector<std::pair<int32_t, float>> bias = {{(best + 1) % V, 50.0f}};
+  const std::vector<int32_t> history(ids.begin(), ids.begin() + 6);
+  ops::SamplingRow rows[3];
+  rows[0].temperature = 0.0f;
+  rows[1].temperature = 0.0f;
+  rows[1].logit_bias = bias;
+  rows[2].temperature = 0.9f;
+  rows[2].top_k = 30;
+  rows[2].repetition_penalty = 1.2f;
+  rows[2].history = history;
+  rows[2].u = 0.37;
+  for (int r = 0; r < 3; ++r) {
+    int32_t picked[2];
+    for (int want : {0, 1}) {
+      ops::SamplingRow row = rows[r];
+      row.logprobs = want == 1;
+      std::vector<ops::SampledToken> out;
+      e->states().reset(0);
+      e->step_sample(b, {&row, 1}, want ? 3 : 0, out);
+      ASSERT_EQ(out.size(), 1u);
+      picked[want] = out[0].id;
+    }
+    EXPECT_EQ(picked[0], picked[1]) << "row " << r;
+    const int32_t want = r == 0 ? best : r == 1 ? (best + 1) % V : picked[1];
+    EXPECT_EQ(picked[0], want) << "row " << r;
+  }
+}
+
 TEST_P(SeamTest, NoAllocationInADecodeStepAfterWarmUp) {
   if (std::string(GetParam().backend) == "ref") GTEST_SKIP() << "the oracle allocates freely";
 #ifdef QWENRT_ASAN

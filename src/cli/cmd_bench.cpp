@@ -162,7 +162,7 @@ class Bench {
     const std::string depth = opt_.depth > 0 ? fmt::format(" @ d{}", opt_.depth) : "";
     Figure f{fmt::format("tg{} check{}{}", opt_.decode, n_rows, depth), opt_.decode, {}};
     std::vector<ops::SamplingRow> rows(static_cast<size_t>(n_rows));
-    for (auto& r : rows) r.temperature = 0;
+    for (auto& r : rows) r = {.temperature = 0, .logprobs = false};  // as generation asks
     std::vector<ops::SampledToken> out;
     engine::Batch b;
     auto step = [&](int32_t pos) {
@@ -209,7 +209,7 @@ class Bench {
              opt_.decode * n_seq,
              {}};
     std::vector<ops::SamplingRow> rows(static_cast<size_t>(n_seq));
-    for (auto& r : rows) r.temperature = 0;
+    for (auto& r : rows) r = {.temperature = 0, .logprobs = false};  // as generation asks
     std::vector<ops::SampledToken> out;
     engine::Batch b;
     auto step_all = [&](int32_t pos) {

@@ -476,7 +476,7 @@ void Engine::mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts,
   if (m == 0) return;
   hidden.resize(m * config_.n_embd);
   ops_[0]->download(r.hidden, hidden.data(), m * config_.n_embd);
-  greedy_rows_.assign(m, ops::SamplingRow{.temperature = 0.0f});
+  greedy_rows_.assign(m, ops::SamplingRow{.temperature = 0.0f, .logprobs = false});
   greedy_picks_.resize(m);
   ops_[0]->sample(r.logits, vocab, greedy_rows_.data(), 0, greedy_picks_.data());
   drafts.resize(m);

@@ -443,8 +443,10 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     if (!e.samples) continue;
     Sequence& q = *e.seq;
     n_top = std::max(n_top, q.params.top_logprobs);
+    const bool logprobs = q.params.top_logprobs >= 0;
     if (e.n_drafts == 0) {
       rows.push_back(q.sampler.next_row(q.generated));
+      rows.back().logprobs = logprobs;
       continue;
     }
     // The check's rows: row i's penalties count the drafts before it.
@@ -454,6 +456,7 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     for (int32_t i = 0; i <= e.n_drafts; ++i) {
       q.rng_marks.push_back(q.sampler.rng_state());
       rows.push_back(q.sampler.next_row(std::span(q.draft_history).first(q.generated.size() + i)));
+      rows.back().logprobs = logprobs;
     }
     q.rng_marks.push_back(q.sampler.rng_state());
   }

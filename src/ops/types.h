@@ -234,6 +234,9 @@ struct SamplingRow {
   std::span<const std::pair<int32_t, float>> logit_bias;
   std::span<const int32_t> history;  // tokens the penalties count
   double u = 0.0;                    // the uniform draw in [0, 1) that picks the token
+  // Whether the caller reads the token's log-probability and the top n_top: when false a backend
+  // may skip them (the log-partition is a pass over the whole vocabulary) and leave them 0.
+  bool logprobs = true;
 };
 
 constexpr int kMaxTopLogprobs = 20;

@@ -11,6 +11,20 @@ namespace qwenrt::ops::cpu {
 void Sampler::sample(const float* logits, int64_t n, const SamplingRow& p, int n_top,
                      SampledToken& out) {
   out = SampledToken{};
+  const bool plain = p.logit_bias.empty() && p.presence_penalty == 0 && p.frequency_penalty == 0 &&
+                     p.repetition_penalty == 1;
+  if (p.temperature == 0 && plain) {
+    // Greedy on the raw logits: the argmax of the floats is that of their doubles (the first of
+    // equal ones either way), without a pass converting the vocabulary.
+    out.id = static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
+  } else {
+    choose(logits, n, p, out);
+  }
+  if (!p.logprobs) return;  // nobody reads them: no pass over the vocabulary for the partition
+  log_probabilities(logits, n, n_top, out);
+}
+
+void Sampler::choose(const float* logits, int64_t n, const SamplingRow& p, SampledToken& out) {
   adjusted_.resize(n);
   order_.resize(n);
   if (static_cast<int64_t>(counts_.size()) != n) counts_.assign(n, 0);
@@ -79,6 +93,9 @@ void Sampler::sample(const float* logits, int64_t n, const SamplingRow& p, int n
     }
     if (out.id < 0) fail("sampling: every token was excluded");
   }
+}
+
+void Sampler::log_probabilities(const float* logits, int64_t n, int n_top, SampledToken& out) {
   // Raw log-probabilities.
   const double mx = *std::max_element(logits, logits + n);
   double z = 0;
@@ -87,6 +104,7 @@ void Sampler::sample(const float* logits, int64_t n, const SamplingRow& p, int n
   out.logprob = static_cast<float>(logits[out.id] - log_z);
   out.n_top = static_cast<int>(std::min<int64_t>({n_top, kMaxTopLogprobs, n}));
   if (out.n_top > 0) {
+    order_.resize(n);  // (the greedy path does not size it)
     std::iota(order_.begin(), order_.end(), 0);
     std::partial_sort(order_.begin(), order_.begin() + out.n_top, order_.end(),
                       [&](int32_t a, int32_t b) {

@@ -18,6 +18,11 @@ class Sampler {
               SampledToken& out);
 
  private:
+  // The token after bias, penalties, temperature and filters (the general path).
+  void choose(const float* logits, int64_t n_vocab, const SamplingRow& row, SampledToken& out);
+  // out's log-probability and its top n_top from the raw logits.
+  void log_probabilities(const float* logits, int64_t n_vocab, int n_top, SampledToken& out);
+
   std::vector<double> adjusted_;                 // [n_vocab] logits after bias and penalties
   std::vector<int32_t> counts_;                  // [n_vocab] history counts (zero between calls)
   std::vector<int32_t> order_;                   // [n_vocab] candidate ids
