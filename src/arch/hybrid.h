@@ -3,7 +3,6 @@
 // or the MTP block with the architecture's FFN.
 #pragma once
 
-#include <algorithm>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -58,8 +57,7 @@ class Hybrid final : public Model {
   // them, -1 = none.
   int64_t local_head_rows(int64_t rows) const {
     if (shard_.size == 1 || rows <= 0) return rows;
-    const model::VocabRange v = model::vocab_range(config_, shard_);
-    const int64_t local = std::clamp<int64_t>(rows - v.begin, 0, v.end - v.begin);
+    const int64_t local = model::head_rows_on_rank(config_, shard_, rows);
     return local == 0 ? -1 : local;
   }
 

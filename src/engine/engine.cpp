@@ -138,7 +138,7 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   }
   const int n_ranks = options.tensor_parallel;
   if (n_ranks < 1 || n_ranks > 64) fail("tensor parallel: {} ranks (1..64)", n_ranks);
-  // Each rank's cpu backend takes its share of the threads (0: of the physical cores).
+  // Each rank's cpu backend takes its share of the threads (0: of the logical CPUs).
   const int threads =
       n_ranks == 1 ? options.n_threads
                    : std::max(1, (options.n_threads > 0
@@ -301,10 +301,8 @@ void Engine::advance(state::Track track) {
 
 const std::vector<int64_t>& Engine::head_columns(int64_t rows) {
   head_columns_.resize(ops_.size());
-  for (int r = 0; r < tensor_parallel(); ++r) {
-    const model::VocabRange v = model::vocab_range(config_, {r, tensor_parallel()});
-    head_columns_[r] = std::clamp<int64_t>(rows - v.begin, 0, v.end - v.begin);
-  }
+  for (int r = 0; r < tensor_parallel(); ++r)
+    head_columns_[r] = model::head_rows_on_rank(config_, {r, tensor_parallel()}, rows);
   return head_columns_;
 }
 

@@ -47,8 +47,6 @@ HeadShare share_heads(const Config& c, Shard s) {
 }
 
 Config shard_config(const Config& c, Shard s) {
-  if (c.is_qwen4exp() && s.size > 1)
-    fail("tensor parallel: not implemented for {} (qwen35 and qwen35moe only)", c.arch_name);
   const HeadShare h = share_heads(c, s);
   Config local = c;
   local.n_head = static_cast<int>(h.q.size());
@@ -63,6 +61,11 @@ Config shard_config(const Config& c, Shard s) {
 
 VocabRange vocab_range(const Config& c, Shard s) {
   return {int64_t{c.n_vocab} * s.rank / s.size, int64_t{c.n_vocab} * (s.rank + 1) / s.size};
+}
+
+int64_t head_rows_on_rank(const Config& c, Shard s, int64_t rows) {
+  const VocabRange v = vocab_range(c, s);
+  return std::clamp<int64_t>(rows - v.begin, 0, v.end - v.begin);
 }
 
 void* ShardArena::alloc(size_t bytes) {

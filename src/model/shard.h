@@ -50,6 +50,8 @@ struct VocabRange {
   int64_t begin = 0, end = 0;
 };
 VocabRange vocab_range(const Config& c, Shard shard);
+// How many of the head's first `rows` rows lie on the rank (0: none).
+int64_t head_rows_on_rank(const Config& c, Shard shard, int64_t rows);
 
 // Copies a shard's tensors that are not plain views of the file; owned by the rank's model.
 class ShardArena {

@@ -211,10 +211,7 @@ StateStore::Blocks StateStore::Rank::blocks(const ops::RecurrentLayer& r) const 
 
 int64_t StateStore::Rank::state_bytes() const {
   int64_t floats = 0;
-  for (const auto& r : recurrent) {
-    if (!r.conv) continue;
-    for (const Block& b : blocks(r)) floats += b.floats;
-  }
+  each_block([&](const Block& b) { floats += b.floats; });
   return floats * int64_t{sizeof(float)};
 }
 
@@ -233,11 +230,9 @@ void StateStore::reset(int slot) {
   release_pages(slot, Track::kTrunk);
   release_pages(slot, Track::kMtp);
   for (const Rank& rank : ranks_) {
-    for (const ops::RecurrentLayer& r : rank.recurrent) {
-      if (!r.conv) continue;
-      for (const Block& b : rank.blocks(r))
-        rank.backend->fill_zero(b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
-    }
+    rank.each_block([&](const Block& b) {
+      rank.backend->fill_zero(b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
+    });
   }
 }
 
@@ -287,13 +282,10 @@ void StateStore::restore_history(int slot, int row) {
   }
   const int64_t h = int64_t{slot} * history_rows_ + row;
   for (const Rank& rank : ranks_) {
-    for (const ops::RecurrentLayer& r : rank.recurrent) {
-      if (!r.conv) continue;
-      for (const Block& b : rank.blocks(r)) {
-        rank.backend->copy(b.live + slot * b.floats, b.history + h * b.floats,
-                           b.floats * int64_t{sizeof(float)});
-      }
-    }
+    rank.each_block([&](const Block& b) {
+      rank.backend->copy(b.live + slot * b.floats, b.history + h * b.floats,
+                         b.floats * int64_t{sizeof(float)});
+    });
   }
 }
 
@@ -313,13 +305,10 @@ Snapshot StateStore::snapshot(int slot) {
       const Rank& rank = ranks_[ri];
       s.recurrent_.push_back(take_state_buffer(static_cast<int>(ri)));
       auto* dst = static_cast<float*>(s.recurrent_.back());
-      for (const auto& r : rank.recurrent) {
-        if (!r.conv) continue;
-        for (const Block& b : rank.blocks(r)) {
-          rank.backend->copy(dst, b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
-          dst += b.floats;
-        }
-      }
+      rank.each_block([&](const Block& b) {
+        rank.backend->copy(dst, b.live + slot * b.floats, b.floats * int64_t{sizeof(float)});
+        dst += b.floats;
+      });
     }
   }
   for (int ti = 0; ti < 2; ++ti) {
@@ -341,22 +330,16 @@ void StateStore::restore(int slot, const Snapshot& s) {
     const Rank& rank = ranks_[ri];
     if (!s.recurrent_.empty()) {
       const auto* src = static_cast<const float*>(s.recurrent_[ri]);
-      for (const auto& r : rank.recurrent) {
-        if (!r.conv) continue;
-        for (const Block& b : rank.blocks(r)) {
-          rank.backend->copy(b.live + slot * b.floats, src, b.floats * int64_t{sizeof(float)});
-          src += b.floats;
-        }
-      }
+      rank.each_block([&](const Block& b) {
+        rank.backend->copy(b.live + slot * b.floats, src, b.floats * int64_t{sizeof(float)});
+        src += b.floats;
+      });
     } else if (s.on_host()) {
       const float* src = s.host_[ri].data();
-      for (const auto& r : rank.recurrent) {
-        if (!r.conv) continue;
-        for (const Block& b : rank.blocks(r)) {
-          rank.backend->upload(src, b.live + slot * b.floats, b.floats);
-          src += b.floats;
-        }
-      }
+      rank.each_block([&](const Block& b) {
+        rank.backend->upload(src, b.live + slot * b.floats, b.floats);
+        src += b.floats;
+      });
     }
   }
   for (int ti = 0; ti < 2; ++ti) {

@@ -169,6 +169,14 @@ class StateStore {
     std::vector<void*> buffers;                  // every backend buffer this store owns
     std::vector<void*> spare_states;             // at most kSpareStates, state_bytes() each
     Blocks blocks(const ops::RecurrentLayer& r) const;
+    // fn(block) for every block of every DeltaNet layer, in layer order (a snapshot's order).
+    template <class Fn>
+    void each_block(Fn&& fn) const {
+      for (const ops::RecurrentLayer& r : recurrent) {
+        if (!r.conv) continue;
+        for (const Block& b : blocks(r)) fn(b);
+      }
+    }
     int64_t state_bytes() const;  // one slot's recurrent state
   };
   int history_rows_ = 0;
