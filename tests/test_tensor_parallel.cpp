@@ -115,6 +115,47 @@ TEST(TensorParallelShard, VocabularyRowsCoverTheHeadOnce) {
   }
 }
 
+// The FFN widths split on whole K-quant blocks where each rank gets one: the 27B's 17,408 columns
+// over 8 ranks go as 8 or 9 blocks of 256 (an even split, 2,176, would fall off the blocks and
+// hold the down matrix in fp32), covering the width once; narrower widths fall back to 32-column
+// Q8_0 blocks, then single columns; a width narrower than the ranks is refused.
+TEST(TensorParallelShard, FfnWidthsSplitOnWholeQuantBlocks) {
+  auto expect_cover = [](int64_t width, int n, int64_t unit) {
+    int64_t next = 0, least = width, most = 0;
+    for (int r = 0; r < n; ++r) {
+      const model::Range part = model::width_part(width, {r, n});
+      EXPECT_EQ(part.begin, next) << width << " over " << n;
+      EXPECT_EQ(part.begin % unit, 0) << width << " over " << n;
+      EXPECT_EQ(part.count % unit, 0) << width << " over " << n;
+      least = std::min(least, part.count);
+      most = std::max(most, part.count);
+      next = part.begin + part.count;
+    }
+    EXPECT_EQ(next, width);
+    EXPECT_GT(least, 0);
+    EXPECT_LE(most - least, unit) << width << " over " << n;
+  };
+  const Config dense = shape("Qwen3.6-27B");
+  ASSERT_EQ(dense.n_ff, 17408);
+  for (int n : {1, 2, 3, 4, 8}) expect_cover(dense.n_ff, n, 256);
+  EXPECT_EQ(model::width_part(dense.n_ff, {0, 8}).count, 2048);
+  EXPECT_EQ(model::width_part(dense.n_ff, {7, 8}).count, 2304);
+  EXPECT_EQ(model::shard_config(dense, {7, 8}).n_ff, 2304);
+  const Config moe = shape("Qwen3.6-35B-A3B");
+  expect_cover(moe.n_ff_shexp, 2, 256);
+  expect_cover(moe.n_ff_shexp, 8, 32);  // 512 over 8: 64 columns, Q8_0 blocks but not K-quant
+  EXPECT_EQ(model::shard_config(moe, {3, 8}).n_ff_shexp, 64);
+  expect_cover(96, 2, 32);  // the tiny models' FFN: 32 + 64
+  expect_cover(96, 4, 1);
+  expect_cover(5, 5, 1);
+  try {
+    model::width_part(3, {0, 4});
+    FAIL() << "3 columns over 4 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 columns"), std::string::npos) << e.what();
+  }
+}
+
 // A Q8_0 matrix [in 128, out 6] of known values.
 struct Q8Matrix {
   std::vector<uint8_t> bytes;

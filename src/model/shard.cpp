@@ -46,6 +46,24 @@ HeadShare share_heads(const Config& c, Shard s) {
   return h;
 }
 
+Range width_part(int64_t width, Shard s) {
+  if (s.size < 1 || s.rank < 0 || s.rank >= s.size)
+    fail("tensor parallel: rank {} of {}", s.rank, s.size);
+  if (width < s.size)
+    fail("tensor parallel: a hidden width of {} columns cannot be split over {} ranks", width,
+         s.size);
+  int64_t unit = 1;
+  for (int64_t u : {256, 32}) {
+    if (width % u == 0 && width / u >= s.size) {
+      unit = u;
+      break;
+    }
+  }
+  const int64_t units = width / unit, first = units * s.rank / s.size,
+                end = units * (s.rank + 1) / s.size;
+  return {first * unit, (end - first) * unit};
+}
+
 Config shard_config(const Config& c, Shard s) {
   const HeadShare h = share_heads(c, s);
   Config local = c;
@@ -54,8 +72,9 @@ Config shard_config(const Config& c, Shard s) {
   local.ssm_k_heads = static_cast<int>(h.k.size());
   local.ssm_v_heads = static_cast<int>(h.v.size());
   local.ssm_inner = local.ssm_v_heads * c.ssm_head_dim;
-  local.n_ff = c.n_ff / s.size;
-  local.n_ff_shexp = c.n_ff_shexp / s.size;
+  // A MoE model's n_ff is not a matrix's width (its FFNs are experts): it stays as it is.
+  if (c.n_ff > 0 && !c.is_moe()) local.n_ff = static_cast<int>(width_part(c.n_ff, s).count);
+  if (c.n_ff_shexp > 0) local.n_ff_shexp = static_cast<int>(width_part(c.n_ff_shexp, s).count);
   return local;
 }
 
@@ -197,10 +216,9 @@ DeltaNetWeights shard_deltanet(const DeltaNetWeights& f, const Config& c, const 
 void shard_swiglu(const Weight& gate, const Weight& up, const Weight& down, Shard s, ShardArena& a,
                   Weight& g, Weight& u, Weight& dn) {
   const int64_t ff = gate.view.ne[1];
-  if (ff % s.size != 0)
-    fail("tensor parallel: '{}' is {} wide, which does not divide over {} ranks", gate.name, ff,
-         s.size);
-  const Range part{ff / s.size * s.rank, ff / s.size};
+  if (ff < s.size)
+    fail("tensor parallel: '{}' is {} wide, narrower than {} ranks", gate.name, ff, s.size);
+  const Range part = width_part(ff, s);
   g = take(gate, {part}, {}, a);
   u = take(up, {part}, {}, a);
   dn = take(down, every_row(down), {part}, a);

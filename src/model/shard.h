@@ -41,7 +41,18 @@ struct HeadShare {
 // Error (naming the counts) when the heads cannot be shared over shard.size ranks.
 HeadShare share_heads(const Config& c, Shard shard);
 
-// The config a rank's forward pass runs on: its head counts and FFN width. Everything else
+// Half-open ranges of rows or columns.
+struct Range {
+  int64_t begin, count;
+};
+
+// The columns of a hidden width (a dense FFN's, the shared expert's) rank `shard` holds: whole
+// units of 256 columns (a K-quant block: a split down matrix keeps its type) when every rank gets
+// at least one, else of 32 (Q8_0 / Q4_0 blocks), else single columns; the ranks' shares differ by
+// one unit at most. Error when the width has fewer columns than there are ranks.
+Range width_part(int64_t width, Shard shard);
+
+// The config a rank's forward pass runs on: its head counts and FFN widths. Everything else
 // (n_embd, n_vocab, n_expert...) is the model's.
 Config shard_config(const Config& c, Shard shard);
 
@@ -70,10 +81,7 @@ Qwen35Weights shard_weights(const Qwen35Weights& full, const Config& c, Shard sh
 Qwen35MoeWeights shard_weights(const Qwen35MoeWeights& full, const Config& c, Shard shard,
                                ShardArena& arena);
 
-// Half-open ranges of rows or columns, and the copy they select (exposed for tests).
-struct Range {
-  int64_t begin, count;
-};
+// The copy ranges of rows and columns select (exposed for tests):
 // w's rows `rows` (in order) and, when `cols` is not empty, only those columns of each (in order).
 // One row range and every column: a view of w's bytes; otherwise a copy into the arena, in w's
 // type when every column range falls on w's block boundaries, else in F32.
