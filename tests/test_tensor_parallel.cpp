@@ -15,9 +15,6 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
-#include "gen/draft.h"
-#include "gen/scheduler.h"
-#include "gen/turn.h"
 #include "model/checkpoints.h"
 #include "model/shard.h"
 #include "ops/host_group.h"
@@ -26,7 +23,6 @@
 #include "support/isa_cap.h"
 #include "support/model_files.h"
 #include "support/run_binary.h"
-#include "tokenizer/tokenizer.h"
 
 namespace qwenrt {
 namespace {
@@ -354,31 +350,7 @@ TEST(TensorParallelGeneration, GreedyRepliesAreTheSameAsOneRankWithDraftsAndTheP
     for (int tp : {1, 2}) {
       for (bool drafts : {false, true}) {
         auto e = load(file, "cpu", tp, 3);
-        auto tok = tokenizer::Tokenizer::from_gguf(e->file());
-        gen::SchedulerOptions so{.prefix_cache = true};
-        if (drafts)
-          so.draft = {.kind = gen::DraftKind::kMtp, .max_tokens = 2, .pause_when_slower = false};
-        gen::Scheduler s(*e, tok, so);
-        std::vector<testing_support::DraftOutcome> out;
-        for (int round = 0; round < 2; ++round) {
-          out.assign(3, {});
-          const char* users[] = {"Tell me about the weather in Paris today.", "What is 47 + 38?",
-                                 "Repeat after me: the quick brown fox."};
-          for (int i = 0; i < 3; ++i) {
-            gen::ChatTurn turn{.messages =
-                                   chat::Json::array({{{"role", "user"}, {"content", users[i]}}})};
-            turn.render.enable_thinking = false;
-            gen::SequenceParams sp;
-            sp.prompt =
-                gen::prepare_turn(tok, chat::dialect_for(e->identity().checkpoint), turn).prompt;
-            sp.max_tokens = 60;
-            sp.sampling.temperature = 0.0f;
-            s.submit(sp, testing_support::collect_outcome(out[i]));
-          }
-          while (s.step()) {
-          }
-        }
-        runs.push_back(out);
+        runs.push_back(testing_support::cached_chat_rounds(*e, drafts));
       }
     }
     const char* names[] = {"1 rank", "1 rank, drafts", "2 ranks", "2 ranks, drafts"};

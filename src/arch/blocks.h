@@ -14,9 +14,9 @@ struct BlockContext {
   ops::Ops& ops;
   const model::Config& config;  // the rank's (its heads) under tensor parallelism
   state::StateStore& states;
-  int64_t n;     // rows of the step
-  int rank = 0;  // tensor parallelism (model/shard.h): this rank of `ranks`
-  int ranks = 1;
+  int64_t n;      // rows of the step
+  int rank = 0;   // the rank's index in the state store (tensor and pipeline parallelism)
+  int ranks = 1;  // tensor parallelism (model/shard.h): the ranks whose outputs are summed
 };
 
 // x [n, n_embd] = the sum of every rank's x: the block outputs of projections split by their
@@ -52,19 +52,25 @@ void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, in
                     const float* x, float* out);
 
 // The layer loop and the head, for any FFN kind: ffn(ctx, ffn_weights, x, out) writes
-// out [n, n_embd] from the normed x.
+// out [n, n_embd] from the normed x. Runs the stage's layers (model/pipeline.h): a stage after the
+// first starts from the residual stream `input`, a stage before the last ends in its own.
 template <class Ffn, class FfnFn>
 ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn ffn,
-                        int64_t n_out, bool all_hidden) {
+                        int64_t n_out, bool all_hidden, const model::Stage& stage,
+                        const float* input) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
   const int64_t n = ctx.n, e = c.n_embd;
   float* x = ops.alloc(n * e);
   float* h = ops.alloc(n * e);
   float* mixed = ops.alloc(n * e);
-  ops.embed(w.token_embd, x);
-  ops.rmsnorm(x, w.layers[0].attn_norm, h, n, e, c.rms_eps);
-  for (int il = 0; il < c.n_layer; ++il) {
+  if (stage.is_first()) {
+    ops.embed(w.token_embd, x);
+  } else {
+    ops.copy_2d(input, e, x, e, n, e);
+  }
+  ops.rmsnorm(x, w.layers[stage.first].attn_norm, h, n, e, c.rms_eps);
+  for (int il = stage.first; il < stage.end; ++il) {
     // h = attn_norm(x) on entry; each residual add is fused with the norm that follows it. The
     // layer's temporaries go back to the workspace once x and h are updated.
     const int64_t mark = ops.workspace_mark();
@@ -81,16 +87,17 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
     // Router lookahead: the next layer's router on this layer's FFN input names the experts it
     // will likely ask for; a backend streaming experts reads them during the next mixer.
     if constexpr (std::is_same_v<Ffn, model::MoeFfnWeights>) {
-      if (il + 1 < c.n_layer)
+      if (il + 1 < stage.end)
         ops.moe_prefetch(w.layers[il + 1].ffn, h, n, c.n_expert, c.n_expert_used);
     }
-    if (il + 1 < c.n_layer) {
+    if (il + 1 < stage.end) {
       ops.add_rmsnorm(x, mixed, w.layers[il + 1].attn_norm, h, n, e, c.rms_eps);
-    } else {
+    } else {  // the next stage norms x with its first layer's norm (the same floats as fused)
       ops.add(x, mixed, x, n * e);
     }
     ops.workspace_release(mark);
   }
+  if (!stage.is_last()) return {.residual = x};
   ForwardResult result;
   if (all_hidden) {
     // Apart from the output rows' own norm below, so that the logits are exactly those of a step

@@ -17,14 +17,16 @@ namespace qwenrt::arch {
 template <class Weights, auto bind, auto ffn>
 class Hybrid final : public Model {
  public:
-  Hybrid(const gguf::File& file, const model::Config& config, ops::Ops& ops, model::Shard shard)
-      : config_(model::shard_config(config, shard)),
-        shard_(shard),
-        weights_(shard.size > 1 ? model::shard_weights(bind(file, config), config, shard, arena_)
-                                : bind(file, config)) {
+  Hybrid(const gguf::File& file, const model::Config& config, ops::Ops& ops, Split split)
+      : config_(model::shard_config(config, split.shard)),
+        shard_(split.shard),
+        stage_(split.stage.count > 0 ? split.stage : model::whole_trunk(config)),
+        state_rank_(split.state_rank),
+        weights_(bind_split(file, config, shard_, stage_, arena_)) {
     // Each distinct tensor once (the MTP block's head and embedding are often the trunk's).
     std::map<std::tuple<const void*, DType, int64_t, int64_t, int64_t>, Weight> placed;
     model::for_each_weight(weights_, [&](Weight& w) {
+      if (!w.present()) return;  // off the rank's pipeline stage
       const auto key =
           std::make_tuple(w.view.data, w.view.dtype, w.view.ne[0], w.view.ne[1], w.view.ne[2]);
       auto it = placed.find(key);
@@ -38,9 +40,11 @@ class Hybrid final : public Model {
   }
   const model::Config& config() const override { return config_; }
   ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
-                        bool all_hidden) override {
-    return run_trunk(context(ops, states, n), weights_, ffn, n_out, all_hidden);
+                        bool all_hidden, const float* input) override {
+    if (!stage_.is_first() && !input) fail("pipeline stage {}: no input", stage_.index);
+    return run_trunk(context(ops, states, n), weights_, ffn, n_out, all_hidden, stage_, input);
   }
+  model::Stage stage() const override { return stage_; }
   bool has_mtp() const override { return weights_.mtp.has_value(); }
   ForwardResult mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
                             const float* hidden, int64_t head_rows) override {
@@ -51,7 +55,14 @@ class Hybrid final : public Model {
 
  private:
   BlockContext context(ops::Ops& ops, state::StateStore& states, int64_t n) const {
-    return {ops, config_, states, n, shard_.rank, shard_.size};
+    return {ops, config_, states, n, state_rank_, shard_.size};
+  }
+  // The file's weights, cut to the stage's, then to the rank's share of them.
+  static Weights bind_split(const gguf::File& file, const model::Config& config, model::Shard shard,
+                            const model::Stage& stage, model::ShardArena& arena) {
+    Weights w = bind(file, config);
+    if (stage.count > 1) model::keep_stage(w, stage);
+    return shard.size > 1 ? model::shard_weights(w, config, shard, arena) : w;
   }
   // The first `rows` rows of the whole head (0: all) as rows of this rank's share: 0 = all of
   // them, -1 = none.
@@ -63,6 +74,8 @@ class Hybrid final : public Model {
 
   model::Config config_;
   model::Shard shard_;
+  model::Stage stage_;
+  int state_rank_;
   model::ShardArena arena_;  // before weights_: the shared copies they may view
   Weights weights_;
 };

@@ -13,9 +13,9 @@ void dense_ffn(const BlockContext& ctx, const model::DenseFfnWeights& w, const f
 }  // namespace
 
 std::unique_ptr<Model> make_qwen35(const gguf::File& file, const model::Config& config,
-                                   ops::Ops& ops, model::Shard shard) {
+                                   ops::Ops& ops, Split split) {
   return std::make_unique<Hybrid<model::Qwen35Weights, model::bind_qwen35, dense_ffn>>(file, config,
-                                                                                       ops, shard);
+                                                                                       ops, split);
 }
 
 }  // namespace qwenrt::arch

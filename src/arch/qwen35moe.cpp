@@ -13,9 +13,9 @@ void moe_ffn(const BlockContext& ctx, const model::MoeFfnWeights& w, const float
 }  // namespace
 
 std::unique_ptr<Model> make_qwen35moe(const gguf::File& file, const model::Config& config,
-                                      ops::Ops& ops, model::Shard shard) {
+                                      ops::Ops& ops, Split split) {
   return std::make_unique<Hybrid<model::Qwen35MoeWeights, model::bind_qwen35moe, moe_ffn>>(
-      file, config, ops, shard);
+      file, config, ops, split);
 }
 
 }  // namespace qwenrt::arch

@@ -1,5 +1,5 @@
-// `--backend auto|cuda|cpu|ref`, `-t/--threads N` and `--tensor-parallel N`, the same on every
-// command that runs a model.
+// `--backend auto|cuda|cpu|ref`, `-t/--threads N`, `--tensor-parallel N` and
+// `--pipeline-parallel N`, the same on every command that runs a model.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -15,6 +15,7 @@ struct BackendOptions {
   int threads = 0;               // 0: the physical cores
   double expert_cache_gib = -1;  // < 0: auto
   int tensor_parallel = 1;
+  int pipeline_parallel = 1;
 };
 
 inline void add_backend_options(CLI::App* sub, BackendOptions& opt) {
@@ -33,12 +34,18 @@ inline void add_backend_options(CLI::App* sub, BackendOptions& opt) {
                   "Split the model over N backends (attention and DeltaNet heads, FFN width, "
                   "experts, LM head rows), one thread each; cpu and ref backends today")
       ->check(CLI::Range(1, 64));
+  sub->add_option("--pipeline-parallel", opt.pipeline_parallel,
+                  "Split the model's layers into N stages run one after another, each on its "
+                  "own backend (with --tensor-parallel, on its own group of them); cpu and ref "
+                  "backends today")
+      ->check(CLI::Range(1, 64));
 }
 
 inline void apply(const BackendOptions& opt, engine::EngineOptions& eo) {
   eo.backend = opt.backend;
   eo.n_threads = opt.threads;
   eo.tensor_parallel = opt.tensor_parallel;
+  eo.pipeline_parallel = opt.pipeline_parallel;
   eo.expert_cache_bytes =
       opt.expert_cache_gib < 0 ? -1 : static_cast<int64_t>(opt.expert_cache_gib * (1ull << 30));
 }

@@ -136,15 +136,22 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
       }
     }
   }
-  const int n_ranks = options.tensor_parallel;
-  if (n_ranks < 1 || n_ranks > 64) fail("tensor parallel: {} ranks (1..64)", n_ranks);
-  // Each rank's cpu backend takes its share of the threads (0: of the logical CPUs).
+  tp_ = options.tensor_parallel;
+  const int n_stages = options.pipeline_parallel;
+  if (tp_ < 1 || tp_ > 64) fail("tensor parallel: {} ranks (1..64)", tp_);
+  if (n_stages < 1 || n_stages > 64) fail("pipeline parallel: {} stages (1..64)", n_stages);
+  stages_ = n_stages == 1 ? std::vector<model::Stage>{model::whole_trunk(config_)}
+                          : model::split_layers(file_, config_, n_stages);
+  const int n_ranks = tp_ * n_stages;
+  head_ = (n_stages - 1) * tp_;
+  // Each rank's cpu backend takes its share of the threads (0: of the logical CPUs); the stages
+  // run one after another, so the ranks of one stage share them.
   const int threads =
-      n_ranks == 1 ? options.n_threads
-                   : std::max(1, (options.n_threads > 0
-                                      ? options.n_threads
-                                      : static_cast<int>(std::thread::hardware_concurrency())) /
-                                     n_ranks);
+      tp_ == 1 ? options.n_threads
+               : std::max(1, (options.n_threads > 0
+                                  ? options.n_threads
+                                  : static_cast<int>(std::thread::hardware_concurrency())) /
+                                 tp_);
   for (int r = 0; r < n_ranks; ++r) {
     if (options.make_backend) {
       ops_.push_back(options.make_backend());
@@ -153,19 +160,27 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     } else if (backend == "cpu") {
       ops_.push_back(ops::make_cpu_ops(threads));
     } else if (backend == "cuda") {
-      if (n_ranks > 1)
+      if (tp_ > 1)
         fail("tensor parallel: the cuda backend does not run it yet (no NCCL collectives)");
+      if (n_stages > 1)
+        fail("pipeline parallel: the cuda backend does not run it yet (one device a process)");
       ops_.push_back(ops::make_cuda_ops());
     } else {
       fail("unknown backend '{}' (available: auto, cuda, cpu, ref)", options.backend);
     }
   }
   if (n_ranks > 1) {
-    if (options.expert_cache_bytes > 0)
-      fail("tensor parallel: streamed experts (--expert-cache) are not supported with it");
-    group_ = std::make_shared<ops::HostGroup>(n_ranks);
-    for (int r = 0; r < n_ranks; ++r) ops_[r]->join_host_group(group_, r);
-    rank_threads_ = std::make_unique<ThreadPool>(n_ranks);
+    if (options.expert_cache_bytes > 0) {
+      fail("{} parallel: streamed experts (--expert-cache) are not supported with it",
+           tp_ > 1 ? "tensor" : "pipeline");
+    }
+    if (tp_ > 1) {
+      for (int s = 0; s < n_stages; ++s) {
+        groups_.push_back(std::make_shared<ops::HostGroup>(tp_));
+        for (int t = 0; t < tp_; ++t) ops_[s * tp_ + t]->join_host_group(groups_.back(), t);
+      }
+      rank_threads_ = std::make_unique<ThreadPool>(tp_);
+    }
   } else {
     // Before the weights are placed: a backend that streams nothing (cuda) refuses an explicit
     // --expert-cache before it uploads anything.
@@ -173,14 +188,31 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   }
   if (ops_[0]->copies_weights()) {
     // Every rank may drop the file pages of what it copied (each places a tensor once, and its
-    // own copies of split weights are freed once placed); rank 0 reports the progress.
+    // own copies of split weights are freed once placed). The progress is the ranks' bytes
+    // together (ranks load one after another; replicated tensors count on each, hence the cap).
     uint64_t total = 0;
     for (const auto& t : file_.tensors()) total += t.n_bytes;
-    for (int r = 0; r < n_ranks; ++r)
-      ops_[r]->set_place_progress(r == 0 ? options.on_load_progress : nullptr, total);
+    auto placed = std::make_shared<std::vector<uint64_t>>(n_ranks, 0);
+    for (int r = 0; r < n_ranks; ++r) {
+      std::function<void(uint64_t, uint64_t)> progress;
+      if (options.on_load_progress) {
+        progress = [placed, r, report = options.on_load_progress](uint64_t done, uint64_t all) {
+          (*placed)[r] = done;
+          uint64_t sum = 0;
+          for (uint64_t d : *placed) sum += d;
+          report(std::min(sum, all), all);
+        };
+      }
+      ops_[r]->set_place_progress(n_ranks == 1 ? options.on_load_progress : progress, total);
+    }
   }
-  for (int r = 0; r < n_ranks; ++r)
-    models_.push_back(arch::make_model(file_, config_, *ops_[r], {.rank = r, .size = n_ranks}));
+  for (int r = 0; r < n_ranks; ++r) {
+    models_.push_back(
+        arch::make_model(file_, config_, *ops_[r],
+                         {.shard = {.rank = r % tp_, .size = tp_},
+                          .stage = n_stages > 1 ? stages_[r / tp_] : model::Stage{.count = 0},
+                          .state_rank = r}));
+  }
   if (config_.is_moe() && std::string(ops_[0]->name()) == "cuda") {
     // Streaming routed experts from the file is the cpu backend's (an explicit --expert-cache
     // fails in setup_expert_streaming); qwen4exp's PLE table alone stays in the mapped file.
@@ -212,13 +244,15 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     fail("verify rows must be in [0, 64], got {}", options.verify_rows);
   std::vector<model::Config> rank_configs;
   std::vector<ops::Ops*> rank_ops;
+  std::vector<model::Stage> rank_stages;
   for (int r = 0; r < n_ranks; ++r) {
     rank_configs.push_back(models_[r]->config());
     rank_ops.push_back(ops_[r].get());
+    if (n_stages > 1) rank_stages.push_back(stages_[r / tp_]);
   }
-  states_ =
-      std::make_unique<state::StateStore>(rank_configs, options.n_slots, n_ctx, rank_ops, kPageSize,
-                                          extra_pages, std::max(0, options.verify_rows - 1));
+  states_ = std::make_unique<state::StateStore>(rank_configs, options.n_slots, n_ctx, rank_ops,
+                                                kPageSize, extra_pages,
+                                                std::max(0, options.verify_rows - 1), rank_stages);
 }
 
 void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
@@ -300,29 +334,29 @@ void Engine::advance(state::Track track) {
 }
 
 const std::vector<int64_t>& Engine::head_columns(int64_t rows) {
-  head_columns_.resize(ops_.size());
-  for (int r = 0; r < tensor_parallel(); ++r)
-    head_columns_[r] = model::head_rows_on_rank(config_, {r, tensor_parallel()}, rows);
+  head_columns_.resize(tp_);
+  for (int t = 0; t < tp_; ++t)
+    head_columns_[t] = model::head_rows_on_rank(config_, {t, tp_}, rows);
   return head_columns_;
 }
 
 const float* Engine::gather_logits(int64_t m, const std::vector<int64_t>& cols) {
-  if (ops_.size() == 1) return results_[0].logits;
+  if (tp_ == 1) return results_[head_].logits;
   int64_t total = 0;
   for (int64_t c : cols) total += c;
   gathered_.resize(static_cast<size_t>(m * total));
   int64_t col = 0;
-  for (size_t r = 0; r < ops_.size(); ++r) {
-    if (cols[r] == 0) continue;
-    part_.resize(static_cast<size_t>(m * cols[r]));
-    ops_[r]->download(results_[r].logits, part_.data(), m * cols[r]);
+  for (int t = 0; t < tp_; ++t) {
+    if (cols[t] == 0) continue;
+    part_.resize(static_cast<size_t>(m * cols[t]));
+    ops_[head_ + t]->download(results_[head_ + t].logits, part_.data(), m * cols[t]);
     for (int64_t i = 0; i < m; ++i)
-      std::copy(part_.begin() + i * cols[r], part_.begin() + (i + 1) * cols[r],
+      std::copy(part_.begin() + i * cols[t], part_.begin() + (i + 1) * cols[t],
                 gathered_.begin() + i * total + col);
-    col += cols[r];
+    col += cols[t];
   }
-  float* logits = ops_[0]->alloc(m * total);
-  ops_[0]->upload(gathered_.data(), logits, m * total);
+  float* logits = ops_[head_]->alloc(m * total);
+  ops_[head_]->upload(gathered_.data(), logits, m * total);
   return logits;
 }
 
@@ -330,14 +364,26 @@ arch::ForwardResult Engine::run(const Batch& batch, bool ends_in_sample) {
   plan(batch.tokens, batch.positions, batch.slots, &batch.want_logits, state::Track::kTrunk,
        ends_in_sample, &batch.keep_states);
   results_.resize(ops_.size());
-  const auto m = static_cast<int64_t>(output_rows_.size());
-  on_ranks([&](int r) {
-    ops_[r]->reset_workspace();
-    results_[r] = models_[r]->forward(*ops_[r], *states_, static_cast<int64_t>(batch.size()), m,
-                                      !batch.hidden_slots.empty());
-  });
+  const auto n = static_cast<int64_t>(batch.size()), m = static_cast<int64_t>(output_rows_.size());
+  const int64_t handoff = n * config_.n_embd;
+  for (int s = 0; s < pipeline_parallel(); ++s) {
+    on_stage(s, [&](int r) {
+      ops_[r]->reset_workspace();
+      float* input = nullptr;
+      if (s > 0) {  // the previous stage's residual stream
+        input = ops_[r]->alloc(handoff);
+        ops_[r]->upload(handoff_.data(), input, handoff);
+      }
+      results_[r] =
+          models_[r]->forward(*ops_[r], *states_, n, m, !batch.hidden_slots.empty(), input);
+    });
+    if (s + 1 < pipeline_parallel()) {  // every rank of the stage holds the same floats
+      handoff_.resize(static_cast<size_t>(handoff));
+      ops_[s * tp_]->download(results_[s * tp_].residual, handoff_.data(), handoff);
+    }
+  }
   advance(state::Track::kTrunk);
-  arch::ForwardResult r = results_[0];
+  arch::ForwardResult r = results_[head_];
   if (m > 0) r.logits = gather_logits(m, head_columns(config_.n_vocab));
   return r;
 }
@@ -351,8 +397,8 @@ void Engine::step(const Batch& batch, StepOutput& out) {
   out.logits.resize(m * config_.n_vocab);
   out.hidden.resize(m * config_.n_embd);
   if (m > 0) {
-    ops_[0]->download(r.logits, out.logits.data(), m * config_.n_vocab);
-    ops_[0]->download(r.hidden, out.hidden.data(), m * config_.n_embd);
+    ops_[head_]->download(r.logits, out.logits.data(), m * config_.n_vocab);
+    ops_[head_]->download(r.hidden, out.hidden.data(), m * config_.n_embd);
   }
 }
 
@@ -398,12 +444,12 @@ void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> r
       if (std::find(batch.hidden_slots.begin(), batch.hidden_slots.end(), s.slot) ==
           batch.hidden_slots.end())
         continue;
-      ops_[0]->download(r.all_hidden + int64_t{s.begin} * e, dst, int64_t{s.count} * e);
+      ops_[head_]->download(r.all_hidden + int64_t{s.begin} * e, dst, int64_t{s.count} * e);
       dst += int64_t{s.count} * e;
     }
   }
   out.resize(output_rows_.size());
-  if (!out.empty()) ops_[0]->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
+  if (!out.empty()) ops_[head_]->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
 }
 
 void Engine::rollback(int slot, int64_t n_tokens) {
@@ -434,7 +480,7 @@ arch::ForwardResult Engine::run_mtp(const MtpBatch& batch, int64_t head_rows) {
        batch.want_logits.empty() ? nullptr : &batch.want_logits, state::Track::kMtp);
   results_.resize(ops_.size());
   const auto m = static_cast<int64_t>(output_rows_.size());
-  on_ranks([&](int r) {
+  on_stage(pipeline_parallel() - 1, [&](int r) {  // the MTP block is on the last stage
     ops_[r]->reset_workspace();
     float* hidden = ops_[r]->alloc(static_cast<int64_t>(n) * config_.n_embd);
     ops_[r]->upload(batch.hidden.data(), hidden, static_cast<int64_t>(n) * config_.n_embd);
@@ -442,7 +488,7 @@ arch::ForwardResult Engine::run_mtp(const MtpBatch& batch, int64_t head_rows) {
         models_[r]->mtp_forward(*ops_[r], *states_, static_cast<int64_t>(n), m, hidden, head_rows);
   });
   advance(state::Track::kMtp);
-  arch::ForwardResult r = results_[0];
+  arch::ForwardResult r = results_[head_];
   if (m > 0) {
     const int64_t rows =
         head_rows > 0 ? std::min<int64_t>(head_rows, config_.n_vocab) : config_.n_vocab;
@@ -456,7 +502,7 @@ std::vector<float> Engine::mtp_step(const MtpBatch& batch) {
   if (batch.tokens.empty()) return {};
   const arch::ForwardResult r = run_mtp(batch);
   std::vector<float> out(output_rows_.size() * config_.n_vocab);
-  if (!out.empty()) ops_[0]->download(r.logits, out.data(), static_cast<int64_t>(out.size()));
+  if (!out.empty()) ops_[head_]->download(r.logits, out.data(), static_cast<int64_t>(out.size()));
   return out;
 }
 
@@ -473,10 +519,10 @@ void Engine::mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts,
   const auto m = static_cast<int64_t>(output_rows_.size());
   if (m == 0) return;
   hidden.resize(m * config_.n_embd);
-  ops_[0]->download(r.hidden, hidden.data(), m * config_.n_embd);
+  ops_[head_]->download(r.hidden, hidden.data(), m * config_.n_embd);
   greedy_rows_.assign(m, ops::SamplingRow{.temperature = 0.0f, .logprobs = false});
   greedy_picks_.resize(m);
-  ops_[0]->sample(r.logits, vocab, greedy_rows_.data(), 0, greedy_picks_.data());
+  ops_[head_]->sample(r.logits, vocab, greedy_rows_.data(), 0, greedy_picks_.data());
   drafts.resize(m);
   for (int64_t i = 0; i < m; ++i) drafts[i] = greedy_picks_[i].id;
 }

@@ -31,6 +31,10 @@ struct EngineOptions {
   // Tensor parallelism (model/shard.h): the model split over this many backends of `backend`,
   // one thread a rank (the cpu backend's threads divided among them). 1: off.
   int tensor_parallel = 1;
+  // Pipeline parallelism (model/pipeline.h): the trunk's layers split into this many stages run
+  // one after another, each on its own backend(s) of `backend` (tensor_parallel of them each);
+  // the last stage holds the head and the MTP block. 1: off.
+  int pipeline_parallel = 1;
   // A backend of the caller's making instead of `backend` (tests wrap one to watch its calls).
   std::function<std::unique_ptr<ops::Ops>()> make_backend;
   int n_slots = 1;    // sequences held at once
@@ -108,9 +112,13 @@ class Engine {
   const model::Identity& identity() const { return identity_; }
   const gguf::File& file() const { return file_; }
   state::StateStore& states() { return *states_; }
-  // The backend of rank 0 (the only one without tensor parallelism): steps end there.
-  ops::Ops& backend() { return *ops_[0]; }
-  int tensor_parallel() const { return static_cast<int>(ops_.size()); }
+  // The backend steps end on (the only one without tensor or pipeline parallelism): rank 0 of
+  // the last pipeline stage, which samples.
+  ops::Ops& backend() { return *ops_[head_]; }
+  int tensor_parallel() const { return tp_; }
+  int pipeline_parallel() const { return static_cast<int>(stages_.size()); }
+  // The layers each pipeline stage holds (one stage: the whole trunk).
+  const std::vector<model::Stage>& stages() const { return stages_; }
 
   // Runs one batch; returns logits [rows wanting logits, n_vocab] in batch order.
   std::vector<float> step(const Batch& batch);
@@ -131,7 +139,7 @@ class Engine {
   // rows: KV truncated by length, recurrent state copied from the history the step kept.
   void rollback(int slot, int64_t n_tokens);
 
-  bool has_mtp() const { return models_[0]->has_mtp(); }
+  bool has_mtp() const { return models_[head_]->has_mtp(); }
   // Runs the MTP block; returns draft logits [output rows, n_vocab]. Error if the model has none.
   std::vector<float> mtp_step(const MtpBatch& batch);
   // Runs the MTP block and drafts greedily (argmax of the draft logits over the first
@@ -158,32 +166,36 @@ class Engine {
   // head_rows: the LM head's rows the logits take (0: all).
   arch::ForwardResult run_mtp(const MtpBatch& batch, int64_t head_rows = 0);
   void advance(state::Track track);
-  // Runs fn(rank) for every rank at once, one thread each (the caller's for rank 0); the first
-  // failure is rethrown after every rank has stopped.
+  // Runs fn(rank) for every tensor-parallel rank of pipeline stage `stage` at once (ranks
+  // stage * tp_ ..), one thread each (the caller's for the first); the first failure is rethrown
+  // after every rank has stopped.
   // (A template: a decode step allocates nothing, and a std::function of these lambdas would.)
   template <class Fn>
-  void on_ranks(Fn&& fn) {
-    if (ops_.size() == 1) return fn(0);
-    group_->reset();
+  void on_stage(int stage, Fn&& fn) {
+    const int first = stage * tp_;
+    if (tp_ == 1) return fn(first);
+    ops::HostGroup& group = *groups_[stage];
+    group.reset();
     std::mutex mutex;
     std::exception_ptr error;
-    rank_threads_->run(static_cast<int>(ops_.size()), [&](int rank, int) {
+    rank_threads_->run(tp_, [&](int t, int) {
       try {
-        fn(rank);
+        fn(first + t);
       } catch (...) {
         {
           std::lock_guard lock(mutex);
           if (!error) error = std::current_exception();  // the cause, before the others abort
         }
-        group_->abort();
+        group.abort();
       }
     });
     if (error) std::rethrow_exception(error);
   }
-  // Rank 0's workspace gets logits [m, sum of cols] assembled from each rank's logits: cols[r]
-  // columns of rank r's, in rank order.
+  // The head rank's workspace gets logits [m, sum of cols] assembled from the last stage's
+  // ranks' logits: cols[t] columns of tensor-parallel rank t's, in rank order.
   const float* gather_logits(int64_t m, const std::vector<int64_t>& cols);
-  // The columns of the head each rank holds of its first `rows` rows (all: n_vocab).
+  // The columns of the head each tensor-parallel rank holds of its first `rows` rows (all:
+  // n_vocab).
   const std::vector<int64_t>& head_columns(int64_t rows);
   std::vector<int64_t> head_columns_;
 
@@ -191,13 +203,18 @@ class Engine {
   model::Config config_;
   model::Identity identity_;
   EngineOptions options_;
-  // Per tensor-parallel rank (one without it): backend and model; the ranks' group and threads.
+  // Per rank (stage * tp_ + tensor-parallel rank; one without parallelism): backend and model.
+  // Per stage, its tensor-parallel group; the threads its ranks run on.
   std::vector<std::unique_ptr<ops::Ops>> ops_;
   std::vector<std::unique_ptr<arch::Model>> models_;
-  std::shared_ptr<ops::HostGroup> group_;
+  int tp_ = 1;
+  std::vector<model::Stage> stages_;
+  int head_ = 0;  // rank 0 of the last stage: it gathers the head, samples and returns results
+  std::vector<std::shared_ptr<ops::HostGroup>> groups_;
   std::unique_ptr<ThreadPool> rank_threads_;
   std::vector<arch::ForwardResult> results_;
   std::vector<float> gathered_, part_;
+  std::vector<float> handoff_;  // the residual stream between pipeline stages (host memory)
   std::unique_ptr<state::StateStore> states_;
   // The layout of the step being run (reused: no allocation per step once grown).
   std::vector<ops::Span> spans_;

@@ -258,9 +258,15 @@ ModelWeights<Ffn> shard_model(const ModelWeights<Ffn>& f, const Config& c, Shard
   ModelWeights<Ffn> w;
   w.token_embd = f.token_embd;  // every rank embeds its step's tokens
   w.output_norm = f.output_norm;
-  w.output = take(f.output, {head_rows}, {}, a);
+  // Under pipeline parallelism too (model/pipeline.h), the weights off the rank's stage are
+  // absent: they stay so.
+  w.output = f.output.present() ? take(f.output, {head_rows}, {}, a) : f.output;
   for (const auto& fl : f.layers) {
     Layer<Ffn> l;
+    if (!fl.attn_norm.present()) {
+      w.layers.push_back(std::move(l));
+      continue;
+    }
     l.attn_norm = fl.attn_norm;
     l.post_attn_norm = fl.post_attn_norm;
     if (const auto* attn = std::get_if<AttentionWeights>(&fl.mixer)) {

@@ -55,10 +55,12 @@ StateStore::StateStore(const model::Config& config, int n_slots, int64_t n_ctx, 
 
 StateStore::StateStore(const std::vector<model::Config>& configs, int n_slots, int64_t n_ctx,
                        const std::vector<ops::Ops*>& backends, int page_size, int64_t extra_pages,
-                       int history_rows)
+                       int history_rows, const std::vector<model::Stage>& stages)
     : n_slots_(n_slots), n_ctx_(n_ctx), page_size_(page_size), history_rows_(history_rows) {
   if (configs.empty() || configs.size() != backends.size())
     fail("state: {} configs for {} backends", configs.size(), backends.size());
+  if (!stages.empty() && stages.size() != configs.size())
+    fail("state: {} pipeline stages for {} ranks", stages.size(), configs.size());
   if (history_rows < 0) fail("state: history rows must be >= 0, got {}", history_rows);
   if (n_slots < 1) fail("state: need at least one sequence slot, got {}", n_slots);
   if (n_ctx < 1) fail("state: context size must be positive, got {}", n_ctx);
@@ -69,6 +71,7 @@ StateStore::StateStore(const std::vector<model::Config>& configs, int n_slots, i
   n_pages_ = n_slots * max_pages_ + 2 * int64_t{n_slots} + 2 + extra_pages;
   if (n_pages_ > INT32_MAX) fail("state: {} KV pages do not fit 32-bit page ids", n_pages_);
   ranks_.resize(configs.size());
+  std::vector<bool> on_track(configs[0].n_layer + configs[0].n_layer_nextn, false);
   for (size_t ri = 0; ri < configs.size(); ++ri) {
     const model::Config& config = configs[ri];
     Rank& rank = ranks_[ri];
@@ -89,6 +92,7 @@ StateStore::StateStore(const std::vector<model::Config>& configs, int n_slots, i
       return static_cast<float*>(rank.buffers.back());
     };
     for (int il = 0; il < n_state_layers; ++il) {
+      if (!stages.empty() && !stages[ri].holds(il, config.n_layer)) continue;
       if (il >= config.n_layer || config.is_attention_layer(il)) {
         const int64_t floats = n_pages_ * page_size * kv_dim;
         rank.kv[il] = {
@@ -97,7 +101,8 @@ StateStore::StateStore(const std::vector<model::Config>& configs, int n_slots, i
           rank.kv[il].idx_dim = config.q4.indexer_head_dim;
           rank.kv[il].idx = buffer(n_pages_ * page_size * rank.kv[il].idx_dim);
         }
-        if (ri == 0) tracks_[il >= config.n_layer ? 1 : 0].layers.push_back(il);
+        if (!on_track[il]) tracks_[il >= config.n_layer ? 1 : 0].layers.push_back(il);
+        on_track[il] = true;
       } else {
         ops::RecurrentLayer& r = rank.recurrent[il];
         r = {.conv = buffer(n_slots * rank.conv_floats),
@@ -189,6 +194,7 @@ void StateStore::copy_page(const TrackState& t, int32_t from, int32_t to) {
   for (const Rank& rank : ranks_) {
     for (int il : t.layers) {
       const ops::KvLayer& kv = rank.kv[il];
+      if (!kv.k) continue;  // on another pipeline stage
       const int64_t floats = int64_t{page_size_} * kv.kv_dim, bytes = floats * 4;
       rank.backend->copy(kv.k + to * floats, kv.k + from * floats, bytes);
       rank.backend->copy(kv.v + to * floats, kv.v + from * floats, bytes);

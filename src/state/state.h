@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/pipeline.h"
 #include "ops/ops.h"
 
 namespace qwenrt::state {
@@ -63,10 +64,12 @@ class StateStore {
              int page_size = 64, int64_t extra_pages = 0, int history_rows = 0);
   // The same for the ranks of a tensor-parallel model (model/shard.h): rank r's layers take the
   // shapes of configs[r] (its heads) in backends[r]'s memory; the page tables, lengths and
-  // snapshots are one for all ranks, and every operation applies to every rank.
+  // snapshots are one for all ranks, and every operation applies to every rank. Under pipeline
+  // parallelism (model/pipeline.h) rank r holds only the layers of stages[r] (empty: every rank
+  // holds every layer).
   StateStore(const std::vector<model::Config>& configs, int n_slots, int64_t n_ctx,
              const std::vector<ops::Ops*>& backends, int page_size = 64, int64_t extra_pages = 0,
-             int history_rows = 0);
+             int history_rows = 0, const std::vector<model::Stage>& stages = {});
   ~StateStore();
   StateStore(const StateStore&) = delete;
   StateStore& operator=(const StateStore&) = delete;
@@ -95,7 +98,7 @@ class StateStore {
   int history_rows() const { return history_rows_; }
 
   // Backend memory of layer il: KV pool (attention and MTP layers) or recurrent blocks (DeltaNet).
-  // rank: the tensor-parallel rank whose share of the layer is asked for.
+  // rank: the rank whose share of the layer is asked for (error where it holds none).
   const ops::KvLayer& kv(int il, int rank = 0) const;
   const ops::RecurrentLayer& recurrent(int il, int rank = 0) const;
   int n_ranks() const { return static_cast<int>(ranks_.size()); }

@@ -10,7 +10,12 @@
 
 #include <gtest/gtest.h>
 
+#include "chat/render.h"
+#include "engine/engine.h"
+#include "gen/draft.h"
 #include "gen/scheduler.h"
+#include "gen/turn.h"
+#include "tokenizer/tokenizer.h"
 
 namespace qwenrt::testing_support {
 
@@ -63,6 +68,36 @@ inline void expect_same(bool exact, const std::vector<DraftOutcome>& plain,
     EXPECT_EQ(drafted[i].text, plain[i].text) << what << ", sequence " << i;
     EXPECT_EQ(drafted[i].last.finish, plain[i].last.finish) << what << ", sequence " << i;
   }
+}
+
+// Three chat turns (weather, arithmetic, a quote) replied greedily (60 tokens at most) through
+// the scheduler with the prefix cache on, twice (the second round resumes from the cache), with
+// MTP drafts of depth 2 or without; the second round's outcomes.
+inline std::vector<DraftOutcome> cached_chat_rounds(engine::Engine& e, bool drafts) {
+  auto tok = tokenizer::Tokenizer::from_gguf(e.file());
+  gen::SchedulerOptions so{.prefix_cache = true};
+  if (drafts)
+    so.draft = {.kind = gen::DraftKind::kMtp, .max_tokens = 2, .pause_when_slower = false};
+  gen::Scheduler s(e, tok, so);
+  std::vector<DraftOutcome> out;
+  for (int round = 0; round < 2; ++round) {
+    out.assign(3, {});
+    const char* users[] = {"Tell me about the weather in Paris today.", "What is 47 + 38?",
+                           "Repeat after me: the quick brown fox."};
+    for (int i = 0; i < 3; ++i) {
+      gen::ChatTurn turn{.messages =
+                             chat::Json::array({{{"role", "user"}, {"content", users[i]}}})};
+      turn.render.enable_thinking = false;
+      gen::SequenceParams sp;
+      sp.prompt = gen::prepare_turn(tok, chat::dialect_for(e.identity().checkpoint), turn).prompt;
+      sp.max_tokens = 60;
+      sp.sampling.temperature = 0.0f;
+      s.submit(sp, collect_outcome(out[i]));
+    }
+    while (s.step()) {
+    }
+  }
+  return out;
 }
 
 }  // namespace qwenrt::testing_support

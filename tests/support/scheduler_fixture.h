@@ -37,6 +37,7 @@ class WatchedOps final : public ops::Ops {
     int samples = 0;
     std::vector<double> draws;  // every sampled row's uniform draw, in order
     bool fail_next_step = false;
+    std::vector<std::string> placed;  // the names of the weights placed, in order
   };
   WatchedOps(std::unique_ptr<ops::Ops> inner, Log* log) : inner_(std::move(inner)), log_(log) {}
   const char* name() const override { return inner_->name(); }
@@ -50,7 +51,10 @@ class WatchedOps final : public ops::Ops {
   void fill_zero(void* d, int64_t b) override { inner_->fill_zero(d, b); }
   void upload(const float* h, float* d, int64_t n) override { inner_->upload(h, d, n); }
   void download(const float* s, float* h, int64_t n) override { inner_->download(s, h, n); }
-  Weight place(const Weight& w) override { return inner_->place(w); }
+  Weight place(const Weight& w) override {
+    log_->placed.push_back(w.name);
+    return inner_->place(w);
+  }
   void begin_step(const ops::StepLayout& l) override {
     if (log_->fail_next_step) {
       log_->fail_next_step = false;
