@@ -144,6 +144,11 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
                           : model::split_layers(file_, config_, n_stages);
   const int n_ranks = tp_ * n_stages;
   head_ = (n_stages - 1) * tp_;
+  for (const model::Stage& st : stages_) {
+    if (n_stages == 1) break;
+    log(LogLevel::kInfo, "pipeline stage {}: layers {}..{}{}{}", st.index, st.first, st.end - 1,
+        st.is_first() ? ", the embedding" : "", st.is_last() ? ", the head" : "");
+  }
   // Each rank's cpu backend takes its share of the threads (0: of the logical CPUs); the stages
   // run one after another, so the ranks of one stage share them.
   const int threads =
