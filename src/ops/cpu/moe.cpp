@@ -218,13 +218,16 @@ void moe_ffn(const MoeWeights& w, const float* x, float* out, int64_t n, int n_e
   auto run_groups = [&](int g0, int g1, bool first) {
     // 4. Gate and up, in tasks of kRowChunk rows, then h = silu(gate) * up into hidden
     // [total_rows, max(ff, sff)]. Streamed experts already in take the first tasks.
-    int order[kMaxGroupsPerRound];
+    // Each group's readiness is read once: a load that ends between two reads would otherwise
+    // leave its group out of both passes (its rows never computed).
+    int order[kMaxGroupsPerRound + 1];  // + 1: the last round's shared expert
+    bool in[kMaxGroupsPerRound + 1];
+    for (int gi = g0; gi < g1; ++gi)
+      in[gi - g0] = groups[gi].slot < 0 || cache->ready(groups[gi].slot);
     int n_order = 0;
     for (int pass = 0; pass < 2; ++pass) {
-      for (int gi = g0; gi < g1; ++gi) {
-        const bool in = groups[gi].slot < 0 || cache->ready(groups[gi].slot);
-        if (in == (pass == 0)) order[n_order++] = gi;
-      }
+      for (int gi = g0; gi < g1; ++gi)
+        if (in[gi - g0] == (pass == 0)) order[n_order++] = gi;
     }
     int64_t n_tasks = 0;
     for (int oi = 0; oi < n_order; ++oi)
