@@ -202,6 +202,41 @@ TEST(TensorParallelShard, TakeViewsOneRowRangeAndCopiesColumns) {
   EXPECT_THROW(model::take(m.w, {{5, 2}}, {}, arena), Error);  // past the last row
 }
 
+// A stack of three Q8_0 expert matrices: take_experts selects the same rows or columns of every
+// expert as take does of each alone (columns off the blocks in fp32), expert after expert.
+TEST(TensorParallelShard, TakeExpertsCutsEveryExpertAlike) {
+  const Q8Matrix m = q8_matrix();  // [128, 6]; three experts: the same bytes, rows rotated
+  std::vector<uint8_t> stack;
+  const size_t one = m.bytes.size(), row = one / 6;
+  for (int e = 0; e < 3; ++e)
+    for (int r = 0; r < 6; ++r)
+      stack.insert(stack.end(), m.bytes.begin() + ((r + e) % 6) * row,
+                   m.bytes.begin() + ((r + e) % 6 + 1) * row);
+  const Weight w{"exps", TensorView::contiguous(DType::Q8_0, 3, {128, 6, 3, 1}, stack.data())};
+  model::ShardArena arena;
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<std::vector<model::Range>, std::vector<model::Range>>>{
+           {{{1, 2}, {4, 1}}, {}}, {{}, {{32, 64}}}, {{}, {{16, 8}}}}) {
+    const Weight cut = model::take_experts(w, rows, cols, arena);
+    ASSERT_EQ(cut.view.ne[2], 3);
+    for (int e = 0; e < 3; ++e) {
+      const Weight alone = model::take(
+          w.expert(e), rows.empty() ? std::vector<model::Range>{{0, 6}} : rows, cols, arena);
+      ASSERT_EQ(cut.view.dtype, alone.view.dtype);
+      ASSERT_EQ(cut.view.ne[0], alone.view.ne[0]);
+      ASSERT_EQ(cut.view.ne[1], alone.view.ne[1]);
+      const TensorView ev = cut.expert_view(e);
+      const int64_t bytes = alone.view.ne[1] * alone.view.nb[1];
+      EXPECT_EQ(std::memcmp(ev.data, alone.view.data, static_cast<size_t>(bytes)), 0)
+          << "expert " << e;
+    }
+  }
+  // The expert width over ranks: the 35B-A3B's 512 columns, 256 a rank at 2.
+  const Config moe = shape("Qwen3.6-35B-A3B");
+  EXPECT_EQ(model::shard_config(moe, {1, 2, false}).n_ff_exp, 256);
+  EXPECT_EQ(model::shard_config(moe, {1, 2, true}).n_ff_exp, moe.n_ff_exp);
+}
+
 // Three ranks sum arrays of different values: each gets the sum in rank order, the same floats.
 TEST(TensorParallelGroup, AllReduceGivesEveryRankTheSameSum) {
   const int n_ranks = 3;
@@ -259,8 +294,9 @@ TEST(TensorParallelGroup, AnAbortWakesTheOtherRanks) {
 }
 
 std::unique_ptr<engine::Engine> load(const std::string& path, const std::string& backend, int tp,
-                                     int n_slots = 2) {
+                                     int n_slots = 2, bool expert_parallel = true) {
   engine::EngineOptions o;
+  o.expert_parallel = expert_parallel;
   o.backend = backend;
   o.n_threads = 2;
   o.n_slots = n_slots;
@@ -274,12 +310,14 @@ struct TpCase {
   std::string file;
   std::string backend;
   int ranks;
+  bool expert_parallel = true;  // MoE: experts by expert, or every expert's width split
 };
 
 std::string case_name(const ::testing::TestParamInfo<TpCase>& info) {
   std::string f = info.param.file.substr(info.param.file.rfind('/') + 1);
   for (char& ch : f) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-  return f + "_" + info.param.backend + "_" + std::to_string(info.param.ranks);
+  return f + "_" + info.param.backend + "_" + std::to_string(info.param.ranks) +
+         (info.param.expert_parallel ? "" : "_expert_width");
 }
 
 class TensorParallelModel : public ::testing::TestWithParam<TpCase> {};
@@ -295,7 +333,7 @@ TEST_P(TensorParallelModel, LogitsAreAsCloseToTheOracleAsOneRankThroughDecodeAnd
   testing_support::MatmulIsaCap cap;
   auto oracle = load(p.file, "ref", 1);
   auto one = load(p.file, p.backend, 1);
-  auto many = load(p.file, p.backend, p.ranks);
+  auto many = load(p.file, p.backend, p.ranks, 2, p.expert_parallel);
   ASSERT_EQ(many->tensor_parallel(), p.ranks);
   const int V = one->config().n_vocab;
   const auto prompt_a = testing_support::random_tokens(23, V, 5);
@@ -337,7 +375,10 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, TensorParallelModel,
                          ::testing::Values(TpCase{kDenseQ8, "cpu", 2}, TpCase{kDenseQ8, "cpu", 4},
                                            TpCase{kDenseQ4, "cpu", 2}, TpCase{kMoeQ4, "cpu", 2},
                                            TpCase{kMoeQ4, "cpu", 4}, TpCase{kDenseQ8, "ref", 2},
-                                           TpCase{kMoeQ4, "ref", 4}),
+                                           TpCase{kMoeQ4, "ref", 4},
+                                           TpCase{kMoeQ4, "cpu", 2, false},
+                                           TpCase{kMoeQ4, "cpu", 4, false},
+                                           TpCase{kMoeQ4, "ref", 2, false}),
                          case_name);
 
 // Greedy generation through the scheduler: the same tokens at 2 ranks as at one, plain and with

@@ -212,11 +212,11 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     }
   }
   for (int r = 0; r < n_ranks; ++r) {
-    models_.push_back(
-        arch::make_model(file_, config_, *ops_[r],
-                         {.shard = {.rank = r % tp_, .size = tp_},
-                          .stage = n_stages > 1 ? stages_[r / tp_] : model::Stage{.count = 0},
-                          .state_rank = r}));
+    models_.push_back(arch::make_model(
+        file_, config_, *ops_[r],
+        {.shard = {.rank = r % tp_, .size = tp_, .expert_parallel = options.expert_parallel},
+         .stage = n_stages > 1 ? stages_[r / tp_] : model::Stage{.count = 0},
+         .state_rank = r}));
   }
   if (config_.is_moe() && std::string(ops_[0]->name()) == "cuda") {
     // Streaming routed experts from the file is the cpu backend's (an explicit --expert-cache

@@ -31,6 +31,9 @@ struct EngineOptions {
   // Tensor parallelism (model/shard.h): the model split over this many backends of `backend`,
   // one thread a rank (the cpu backend's threads divided among them). 1: off.
   int tensor_parallel = 1;
+  // Under tensor parallelism, MoE routed experts split by expert (true) or each expert's width
+  // split over the ranks as a dense FFN's (false; model/shard.h).
+  bool expert_parallel = true;
   // Pipeline parallelism (model/pipeline.h): the trunk's layers split into this many stages run
   // one after another, each on its own backend(s) of `backend` (tensor_parallel of them each);
   // the last stage holds the head and the MTP block. 1: off.

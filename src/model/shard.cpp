@@ -75,6 +75,8 @@ Config shard_config(const Config& c, Shard s) {
   // A MoE model's n_ff is not a matrix's width (its FFNs are experts): it stays as it is.
   if (c.n_ff > 0 && !c.is_moe()) local.n_ff = static_cast<int>(width_part(c.n_ff, s).count);
   if (c.n_ff_shexp > 0) local.n_ff_shexp = static_cast<int>(width_part(c.n_ff_shexp, s).count);
+  if (c.is_moe() && !s.expert_parallel)
+    local.n_ff_exp = static_cast<int>(width_part(c.n_ff_exp, s).count);
   return local;
 }
 
@@ -98,22 +100,69 @@ void ShardArena::keep_only(const std::vector<const void*>& in_use) {
   });
 }
 
+namespace {
+
+// A copy's shape: rows and columns selected from a matrix, in its type where every column range
+// falls on its blocks, else in F32.
+struct Cut {
+  DType type;
+  int64_t n_rows = 0, n_cols = 0, bytes = 0;
+};
+
+Cut plan_cut(const TensorView& v, const std::vector<Range>& rows, const std::vector<Range>& cols,
+             const std::string& name) {
+  Cut c;
+  for (const Range& r : rows) {
+    if (r.begin < 0 || r.count < 0 || r.begin + r.count > v.ne[1])
+      fail("shard: rows {}..{} of '{}' ({} rows)", r.begin, r.begin + r.count, name, v.ne[1]);
+    c.n_rows += r.count;
+  }
+  bool on_blocks = true;
+  const auto& t = traits(v.dtype);
+  for (const Range& col : cols) {
+    if (col.begin < 0 || col.count < 0 || col.begin + col.count > v.ne[0])
+      fail("shard: columns {}..{} of '{}' ({} columns)", col.begin, col.begin + col.count, name,
+           v.ne[0]);
+    c.n_cols += col.count;
+    on_blocks = on_blocks && col.begin % t.block_elems == 0 && col.count % t.block_elems == 0;
+  }
+  c.type = on_blocks ? v.dtype : DType::F32;
+  const auto& tt = traits(c.type);
+  c.bytes = c.n_cols / tt.block_elems * tt.block_bytes * c.n_rows;
+  return c;
+}
+
+void copy_cut(const TensorView& v, const std::vector<Range>& rows, const std::vector<Range>& cols,
+              const Cut& c, const std::string& name, uint8_t* dst) {
+  const auto& t = traits(v.dtype);
+  const auto& tt = traits(c.type);
+  const bool on_blocks = c.type == v.dtype;
+  std::vector<float> row(on_blocks ? 0 : v.ne[0]);
+  for (const Range& r : rows) {
+    for (int64_t i = r.begin; i < r.begin + r.count; ++i) {
+      const uint8_t* src = v.row(i);
+      if (!on_blocks) quant::dequantize(v.dtype, src, row.data(), v.ne[0], name);
+      for (const Range& col : cols) {
+        const int64_t bytes = col.count / tt.block_elems * tt.block_bytes;
+        if (on_blocks) {
+          std::memcpy(dst, src + col.begin / t.block_elems * t.block_bytes, bytes);
+        } else {
+          std::memcpy(dst, row.data() + col.begin, bytes);
+        }
+        dst += bytes;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 Weight take(const Weight& w, const std::vector<Range>& rows, const std::vector<Range>& cols,
             ShardArena& arena) {
   const TensorView& v = w.view;
   if (v.ne[2] != 1 || v.ne[3] != 1) fail("shard: '{}' is not a matrix", w.name);
-  int64_t n_rows = 0, n_cols = 0;
-  for (const Range& r : rows) {
-    if (r.begin < 0 || r.count < 0 || r.begin + r.count > v.ne[1])
-      fail("shard: rows {}..{} of '{}' ({} rows)", r.begin, r.begin + r.count, w.name, v.ne[1]);
-    n_rows += r.count;
-  }
-  for (const Range& c : cols) {
-    if (c.begin < 0 || c.count < 0 || c.begin + c.count > v.ne[0])
-      fail("shard: columns {}..{} of '{}' ({} columns)", c.begin, c.begin + c.count, w.name,
-           v.ne[0]);
-    n_cols += c.count;
-  }
+  const std::vector<Range> all_cols = {{0, v.ne[0]}};
+  const Cut c = plan_cut(v, rows, cols.empty() ? all_cols : cols, w.name);
   Weight out = w;
   if (rows.size() == 1 && cols.empty()) {  // a view of the file's bytes
     out.view.data = v.row(rows[0].begin);
@@ -121,34 +170,26 @@ Weight take(const Weight& w, const std::vector<Range>& rows, const std::vector<R
     out.view.nb[2] = out.view.nb[3] = v.nb[1] * rows[0].count;
     return out;
   }
-  const std::vector<Range> all_cols = {{0, v.ne[0]}};
+  auto* dst = static_cast<uint8_t*>(arena.alloc(static_cast<size_t>(c.bytes)));
+  copy_cut(v, rows, cols.empty() ? all_cols : cols, c, w.name, dst);
+  out.view = TensorView::contiguous(c.type, v.n_dims, {c.n_cols, c.n_rows, 1, 1}, dst);
+  return out;
+}
+
+Weight take_experts(const Weight& w, const std::vector<Range>& rows, const std::vector<Range>& cols,
+                    ShardArena& arena) {
+  const TensorView& v = w.view;
+  const int64_t n_expert = v.ne[2];
+  if (v.ne[3] != 1) fail("shard: '{}' is not a stack of expert matrices", w.name);
+  const std::vector<Range> all_rows = {{0, v.ne[1]}}, all_cols = {{0, v.ne[0]}};
+  const std::vector<Range>& rs = rows.empty() ? all_rows : rows;
   const std::vector<Range>& cs = cols.empty() ? all_cols : cols;
-  if (cols.empty()) n_cols = v.ne[0];
-  const auto& t = traits(v.dtype);
-  bool on_blocks = true;
-  for (const Range& c : cs)
-    on_blocks = on_blocks && c.begin % t.block_elems == 0 && c.count % t.block_elems == 0;
-  const DType type = on_blocks ? v.dtype : DType::F32;
-  const auto& tt = traits(type);
-  const int64_t row_bytes = n_cols / tt.block_elems * tt.block_bytes;
-  auto* dst = static_cast<uint8_t*>(arena.alloc(static_cast<size_t>(row_bytes * n_rows)));
-  out.view = TensorView::contiguous(type, v.n_dims, {n_cols, n_rows, 1, 1}, dst);
-  std::vector<float> row(on_blocks ? 0 : v.ne[0]);
-  for (const Range& r : rows) {
-    for (int64_t i = r.begin; i < r.begin + r.count; ++i) {
-      const uint8_t* src = v.row(i);
-      if (!on_blocks) quant::dequantize(v.dtype, src, row.data(), v.ne[0], w.name);
-      for (const Range& c : cs) {
-        const int64_t bytes = c.count / tt.block_elems * tt.block_bytes;
-        if (on_blocks) {
-          std::memcpy(dst, src + c.begin / t.block_elems * t.block_bytes, bytes);
-        } else {
-          std::memcpy(dst, row.data() + c.begin, bytes);
-        }
-        dst += bytes;
-      }
-    }
-  }
+  const Cut c = plan_cut(w.expert_view(0), rs, cs, w.name);
+  auto* dst = static_cast<uint8_t*>(arena.alloc(static_cast<size_t>(c.bytes * n_expert)));
+  for (int64_t e = 0; e < n_expert; ++e)
+    copy_cut(w.expert_view(e), rs, cs, c, w.name, dst + e * c.bytes);
+  Weight out = w;
+  out.view = TensorView::contiguous(c.type, 3, {c.n_cols, c.n_rows, n_expert, 1}, dst);
   return out;
 }
 
@@ -230,20 +271,34 @@ DenseFfnWeights shard_ffn(const DenseFfnWeights& f, const Config&, Shard s, Shar
   return w;
 }
 
-// Expert parallelism: the rank's routed experts, the shared expert split by its hidden width.
+// Routed experts: the rank's experts (expert parallelism: views of the file), or a slice of
+// every expert's width (copies); the shared expert split by its hidden width.
 MoeFfnWeights shard_ffn(const MoeFfnWeights& f, const Config& c, Shard s, ShardArena& a) {
-  if (c.n_expert % s.size != 0)
-    fail("tensor parallel: {} experts do not divide over {} ranks", c.n_expert, s.size);
-  const int64_t per = c.n_expert / s.size, first = per * s.rank;
   MoeFfnWeights w = f;
-  for (Weight* e : {&w.gate_exps, &w.up_exps, &w.gate_up_exps, &w.down_exps}) {
-    if (!e->present()) continue;
-    TensorView& v = e->view;
-    v.data = static_cast<const uint8_t*>(v.data) + first * v.nb[2];
-    v.ne[2] = per;
-    v.nb[3] = v.nb[2] * per;
+  if (s.expert_parallel) {
+    if (c.n_expert % s.size != 0)
+      fail("tensor parallel: {} experts do not divide over {} ranks", c.n_expert, s.size);
+    const int64_t per = c.n_expert / s.size, first = per * s.rank;
+    for (Weight* e : {&w.gate_exps, &w.up_exps, &w.gate_up_exps, &w.down_exps}) {
+      if (!e->present()) continue;
+      TensorView& v = e->view;
+      v.data = static_cast<const uint8_t*>(v.data) + first * v.nb[2];
+      v.ne[2] = per;
+      v.nb[3] = v.nb[2] * per;
+    }
+    w.expert_base = static_cast<int>(first);
+  } else {
+    const int64_t ff = f.down_exps.view.ne[0];
+    const Range part = width_part(ff, s);
+    if (f.gate_up_exps.present()) {  // gate rows, then up rows
+      w.gate_up_exps = take_experts(f.gate_up_exps, {part, {ff + part.begin, part.count}}, {}, a);
+    } else {
+      w.gate_exps = take_experts(f.gate_exps, {part}, {}, a);
+      w.up_exps = take_experts(f.up_exps, {part}, {}, a);
+    }
+    w.down_exps = take_experts(f.down_exps, {}, {part}, a);
+    w.expert_base = 0;
   }
-  w.expert_base = static_cast<int>(first);
   if (f.shared_down.present())
     shard_swiglu(f.shared_gate, f.shared_up, f.shared_down, s, a, w.shared_gate, w.shared_up,
                  w.shared_down);

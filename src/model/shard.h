@@ -9,6 +9,7 @@
 // - attention: query heads in contiguous ranges; KV heads likewise when they divide by the ranks,
 //   else each rank keeps the one KV head its query heads read (replicated across the ranks of one
 //   GQA group);
+// - MoE: routed experts by expert (expert parallelism), or each expert's width (Shard);
 // - DeltaNet: V head h reads K head h % Hk (the converter's tiled order), so a rank holding K heads
 //   [a, a + hk) holds the V heads m * Hk + i (i in that range) in the order m * hk + (i - a), which
 //   keeps "local V head h reads local K head h % hk"; with more ranks than K heads, ranks share a K
@@ -31,6 +32,9 @@ namespace qwenrt::model {
 struct Shard {
   int rank = 0;
   int size = 1;
+  // MoE routed experts: split by expert (each rank holds E / size whole experts), or, when false,
+  // by width (each rank holds a slice of every expert, as the dense FFN's).
+  bool expert_parallel = true;
 };
 
 // The global head ids a rank holds, in its local order.
@@ -81,6 +85,10 @@ Qwen35Weights shard_weights(const Qwen35Weights& full, const Config& c, Shard sh
 Qwen35MoeWeights shard_weights(const Qwen35MoeWeights& full, const Config& c, Shard shard,
                                ShardArena& arena);
 
+// The same for a stack of expert matrices [in, out, n_expert]: every expert's rows `rows` (empty:
+// all) and columns `cols` (empty: all), always a copy, contiguous expert after expert.
+Weight take_experts(const Weight& w, const std::vector<Range>& rows, const std::vector<Range>& cols,
+                    ShardArena& arena);
 // The copy ranges of rows and columns select (exposed for tests):
 // w's rows `rows` (in order) and, when `cols` is not empty, only those columns of each (in order).
 // One row range and every column: a view of w's bytes; otherwise a copy into the arena, in w's
