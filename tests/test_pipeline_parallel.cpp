@@ -19,6 +19,7 @@
 #include "support/draft_runs.h"
 #include "support/isa_cap.h"
 #include "support/model_files.h"
+#include "support/parallel.h"
 #include "support/run_binary.h"
 #include "support/scheduler_fixture.h"
 
@@ -237,28 +238,14 @@ INSTANTIATE_TEST_SUITE_P(
 // tokens as one stage, plain and with MTP drafts (the MTP block runs on the last stage).
 TEST(PipelineGeneration, GreedyRepliesAreTheSameAsOneStageWithDraftsAndThePrefixCache) {
   testing_support::MatmulIsaCap cap;
-  for (const std::string& file : {kDenseQ8, kMoeQ4}) {
-    std::vector<std::vector<testing_support::DraftOutcome>> runs;
-    for (int pp : {1, 2}) {
-      for (bool drafts : {false, true}) {
-        auto e = load(file, "cpu", pp, 1, 3);
-        runs.push_back(testing_support::cached_chat_rounds(*e, drafts));
-      }
-    }
-    const char* names[] = {"1 stage", "1 stage, drafts", "2 stages", "2 stages, drafts"};
-    for (size_t r = 1; r < runs.size(); ++r)
-      testing_support::expect_same(true, runs[0], runs[r], file + ", " + names[r]);
-  }
+  testing_support::expect_same_replies_at_one_and_two(
+      {kDenseQ8, kMoeQ4},
+      [](const std::string& file, int pp) { return load(file, "cpu", pp, 1, 3); }, "stage");
 }
 
 TEST(PipelineErrors, WhatCannotBeSplitIsRefusedNamingIt) {
   auto message = [](const std::string& path, const std::string& backend, int pp) {
-    try {
-      load(path, backend, pp);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
+    return testing_support::error_of([&] { load(path, backend, pp); });
   };
   const int n_layer = load(kDenseQ8, "ref", 1)->config().n_layer;
   const std::string too_many = message(kDenseQ8, "ref", n_layer + 1);
@@ -273,31 +260,13 @@ TEST(PipelineErrors, WhatCannotBeSplitIsRefusedNamingIt) {
   engine::EngineOptions o;
   o.backend = "cpu";
   o.pipeline_parallel = 2;
-  o.expert_cache_bytes = int64_t{1} << 30;
-  try {
-    engine::Engine::load(kMoeQ4, o);
-    FAIL() << "streamed experts with pipeline parallelism";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--expert-cache"), std::string::npos) << e.what();
-  }
-  o.expert_cache_bytes = -1;
-  o.pipeline_parallel = 0;
-  EXPECT_THROW(engine::Engine::load(kMoeQ4, o), Error);
+  testing_support::expect_parallel_load_errors(
+      kMoeQ4, o, [](engine::EngineOptions& x) { x.pipeline_parallel = 0; });
 }
 
 TEST(PipelineCli, RunGivesTheSameReplyAtTwoStages) {
-  const std::string args = "run -m " + kMoeQ4 +
-                           " -p \"Tell me a short story about a cat.\" --no-think --temp 0 -n 40 "
-                           "--backend cpu -t 2";
-  const auto one = testing_support::run_qwenrt(args);
-  const auto two = testing_support::run_qwenrt(args + " --pipeline-parallel 2");
-  ASSERT_EQ(one.code, 0) << one.err;
-  ASSERT_EQ(two.code, 0) << two.err;
-  EXPECT_EQ(one.out, two.out);
-  EXPECT_FALSE(one.out.empty());
-  const auto bad = testing_support::run_qwenrt(args + " --pipeline-parallel 64");
-  EXPECT_NE(bad.code, 0);
-  EXPECT_NE(bad.err.find("stages for"), std::string::npos) << bad.err;
+  testing_support::expect_cli_same_reply(kMoeQ4, "--pipeline-parallel 2", "--pipeline-parallel 64",
+                                         "stages for");
 }
 
 }  // namespace

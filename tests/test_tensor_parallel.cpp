@@ -22,6 +22,7 @@
 #include "support/draft_runs.h"
 #include "support/isa_cap.h"
 #include "support/model_files.h"
+#include "support/parallel.h"
 #include "support/run_binary.h"
 
 namespace qwenrt {
@@ -386,28 +387,14 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, TensorParallelModel,
 // rank's state) over two rounds.
 TEST(TensorParallelGeneration, GreedyRepliesAreTheSameAsOneRankWithDraftsAndThePrefixCache) {
   testing_support::MatmulIsaCap cap;
-  for (const std::string& file : {kDenseQ8, kMoeQ4}) {
-    std::vector<std::vector<testing_support::DraftOutcome>> runs;
-    for (int tp : {1, 2}) {
-      for (bool drafts : {false, true}) {
-        auto e = load(file, "cpu", tp, 3);
-        runs.push_back(testing_support::cached_chat_rounds(*e, drafts));
-      }
-    }
-    const char* names[] = {"1 rank", "1 rank, drafts", "2 ranks", "2 ranks, drafts"};
-    for (size_t r = 1; r < runs.size(); ++r)
-      testing_support::expect_same(true, runs[0], runs[r], file + ", " + names[r]);
-  }
+  testing_support::expect_same_replies_at_one_and_two(
+      {kDenseQ8, kMoeQ4}, [](const std::string& file, int tp) { return load(file, "cpu", tp, 3); },
+      "rank");
 }
 
 TEST(TensorParallelErrors, WhatCannotBeSplitIsRefusedNamingIt) {
   auto message = [](const std::string& path, const std::string& backend, int tp) {
-    try {
-      load(path, backend, tp);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
+    return testing_support::error_of([&] { load(path, backend, tp); });
   };
   // 4 attention heads over 3 ranks.
   EXPECT_NE(message(kDenseQ8, "cpu", 3).find("4 attention heads"), std::string::npos);
@@ -417,31 +404,13 @@ TEST(TensorParallelErrors, WhatCannotBeSplitIsRefusedNamingIt) {
   engine::EngineOptions o;
   o.backend = "cpu";
   o.tensor_parallel = 2;
-  o.expert_cache_bytes = int64_t{1} << 30;
-  try {
-    engine::Engine::load(kMoeQ4, o);
-    FAIL() << "streamed experts with tensor parallelism";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--expert-cache"), std::string::npos) << e.what();
-  }
-  o.expert_cache_bytes = -1;
-  o.tensor_parallel = 0;
-  EXPECT_THROW(engine::Engine::load(kMoeQ4, o), Error);
+  testing_support::expect_parallel_load_errors(
+      kMoeQ4, o, [](engine::EngineOptions& x) { x.tensor_parallel = 0; });
 }
 
 TEST(TensorParallelCli, RunGivesTheSameReplyAtTwoRanks) {
-  const std::string args = "run -m " + kDenseQ8 +
-                           " -p \"Tell me a short story about a cat.\" --no-think --temp 0 -n 40 "
-                           "--backend cpu -t 2";
-  const auto one = testing_support::run_qwenrt(args);
-  const auto two = testing_support::run_qwenrt(args + " --tensor-parallel 2");
-  ASSERT_EQ(one.code, 0) << one.err;
-  ASSERT_EQ(two.code, 0) << two.err;
-  EXPECT_EQ(one.out, two.out);
-  EXPECT_FALSE(one.out.empty());
-  const auto bad = testing_support::run_qwenrt(args + " --tensor-parallel 3");
-  EXPECT_NE(bad.code, 0);
-  EXPECT_NE(bad.err.find("attention heads"), std::string::npos) << bad.err;
+  testing_support::expect_cli_same_reply(kDenseQ8, "--tensor-parallel 2", "--tensor-parallel 3",
+                                         "attention heads");
 }
 
 }  // namespace
