@@ -1,6 +1,9 @@
 #include "core/memory.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -87,6 +90,13 @@ int64_t available_memory(const std::string& proc, const std::string& cgroup) {
 
 int64_t available_memory() {
   return available_memory("/proc", "/sys/fs/cgroup");
+}
+
+void drop_mapped_pages(const void* p, int64_t bytes) {
+  const uintptr_t page = 4096, begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + static_cast<uintptr_t>(bytes)) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 }  // namespace qwenrt

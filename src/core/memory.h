@@ -18,4 +18,8 @@ int64_t available_memory();
 // count.
 int64_t available_memory(const std::string& proc, const std::string& cgroup);
 
+// Drops this process's pages of [p, p + bytes) of a read-only file mapping (the whole pages inside
+// it): they leave the resident set, and a later read faults them back in from the file.
+void drop_mapped_pages(const void* p, int64_t bytes);
+
 }  // namespace qwenrt

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/deltanet.h"
@@ -272,7 +273,7 @@ class CpuOps final : public HostOps {
       uint8_t* dst = weight_memory(bytes, w.name);
       pool_.run(pool_.size(), [&](int p, int np) { cpu::write_panels(w.view, dst, p, np); });
       out.view = cpu::panel_view(w.view, dst);
-      if (weights_mapped_) release_mapped(w.view.data, bytes);
+      if (weights_mapped_) drop_mapped_pages(w.view.data, bytes);
     }
     // Progress over every weight the model takes (the others stay where they are).
     placed_bytes_ = std::min(place_total_, placed_bytes_ + static_cast<uint64_t>(bytes));
@@ -336,20 +337,13 @@ class CpuOps final : public HostOps {
   }
 
   // Drops the whole pages of [p, p + bytes) from this process's mapping of the file.
-  static void release_mapped(const void* p, int64_t bytes) {
-    const uintptr_t page = 4096, begin = reinterpret_cast<uintptr_t>(p);
-    const uintptr_t first = (begin + page - 1) / page * page;
-    const uintptr_t last = (begin + static_cast<uintptr_t>(bytes)) / page * page;
-    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-  }
-
   ThreadPool pool_;
   const bool repack_;
   const bool hugepages_;
   std::vector<void*> placed_;  // chunks of repacked weights (weight_memory)
   int64_t chunk_size_ = 0, chunk_used_ = 0;
   uint64_t placed_bytes_ = 0, place_total_ = 0;
-  bool weights_mapped_ = false;  // release_mapped() may drop the source pages
+  bool weights_mapped_ = false;  // drop_mapped_pages() may drop the source pages
   std::function<void(uint64_t, uint64_t)> place_progress_;
   Arena arena_;
   cpu::Scratch scratch_;
