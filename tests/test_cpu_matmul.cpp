@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -256,6 +257,30 @@ TEST(CpuMatmul, OnlyMatmulTypesWithWholePanelsAreRepacked) {
   // The reference kernels refuse the placed form instead of reading it as rows.
   std::vector<float> x(256), y(32);
   EXPECT_THROW(ref::matmul(Weight{"w", p.view}, x.data(), y.data(), 1), Error);
+}
+
+// The backend repacks a tensor in slices of panels (dropping each slice's file pages as it goes):
+// slices of any size, written by several parts each, give the bytes of one whole pass.
+TEST(CpuMatmul, PanelsWrittenInSlicesEqualOnePass) {
+  if (detected_isa() < Isa::kAvx512) GTEST_SKIP() << "the panel layout needs AVX-512 VNNI";
+  std::mt19937 rng(77);
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+    const TestWeight w = make_weight(type, 512, 80, rng);  // 5 panels
+    const auto whole = panel_copy(w.view);
+    const int64_t panels = panel_count(w.view), bytes = w.view.nb[2] * w.view.ne[2];
+    ASSERT_EQ(panels, 5);
+    ASSERT_EQ(panel_bytes(w.view) * panels, bytes);
+    for (int64_t slice : {1, 2, 3, 5}) {
+      std::vector<uint8_t> sliced(static_cast<size_t>(bytes), 0xCD);
+      for (int64_t i0 = 0; i0 < panels; i0 += slice)
+        for (int part = 0; part < 2; ++part)
+          write_panels(w.view, sliced.data(), part, 2, i0, std::min(panels, i0 + slice));
+      EXPECT_EQ(std::memcmp(sliced.data(), whole.view.data, static_cast<size_t>(bytes)), 0)
+          << dtype_name(type) << " in slices of " << slice;
+    }
+    std::vector<uint8_t> out(static_cast<size_t>(bytes));
+    EXPECT_THROW(write_panels(w.view, out.data(), 0, 1, 3, 6), Error);  // past the last panel
+  }
 }
 
 TEST(CpuMatmul, SecondCallDoesNotGrowScratch) {

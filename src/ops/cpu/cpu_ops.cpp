@@ -271,9 +271,19 @@ class CpuOps final : public HostOps {
     if (repack_ && !is_row_table(w.name) && !is_routed_expert_tensor(w.name) &&
         cpu::can_repack(w.view)) {
       uint8_t* dst = weight_memory(bytes, w.name);
-      pool_.run(pool_.size(), [&](int p, int np) { cpu::write_panels(w.view, dst, p, np); });
+      // In slices of ~64 MiB, each slice's file pages dropped once written: the source and its
+      // copy are never both resident whole (a 1 GB head's pages stayed until its last panel).
+      const int64_t panels = cpu::panel_count(w.view), pb = cpu::panel_bytes(w.view);
+      const int64_t per_slice = std::max<int64_t>(1, (int64_t{64} << 20) / pb);
+      const auto* src = static_cast<const uint8_t*>(w.view.data);
+      for (int64_t i0 = 0; i0 < panels; i0 += per_slice) {
+        const int64_t i1 = std::min(panels, i0 + per_slice);
+        pool_.run(pool_.size(),
+                  [&](int p, int np) { cpu::write_panels(w.view, dst, p, np, i0, i1); });
+        if (weights_mapped_) drop_mapped_pages(src + i0 * pb, (i1 - i0) * pb);
+      }
       out.view = cpu::panel_view(w.view, dst);
-      if (weights_mapped_) drop_mapped_pages(w.view.data, bytes);
+      if (weights_mapped_) drop_mapped_pages(w.view.data, bytes);  // pages across slice edges
     }
     // Progress over every weight the model takes (the others stay where they are).
     placed_bytes_ = std::min(place_total_, placed_bytes_ + static_cast<uint64_t>(bytes));

@@ -35,7 +35,16 @@ bool can_repack(const TensorView& w) {
   return w.ne[0] % traits(w.dtype).block_elems == 0 && w.nb[1] == rb && w.nb[2] == rb * w.ne[1];
 }
 
-void write_panels(const TensorView& w, uint8_t* dst, int part, int n_parts) {
+int64_t panel_count(const TensorView& w) {
+  return w.ne[2] * (w.ne[1] / kPanelRows);
+}
+
+int64_t panel_bytes(const TensorView& w) {
+  return kPanelRows * w.nb[1];
+}
+
+void write_panels(const TensorView& w, uint8_t* dst, int part, int n_parts, int64_t first,
+                  int64_t end) {
   if (!can_repack(w)) fail("cpu repack: cannot repack a {} view", dtype_name(w.dtype));
   const PanelFormat f = panel_format(w.dtype);
   const int64_t block_bytes = traits(w.dtype).block_bytes;
@@ -44,8 +53,12 @@ void write_panels(const TensorView& w, uint8_t* dst, int part, int n_parts) {
   const auto* src = static_cast<const uint8_t*>(w.data);
   // Panel i of the tensor (expert e = i / panels): rows 16 i .. 16 i + 15 of the 2D slices laid
   // end to end, so its bytes start at 16 i rows in, in either layout.
-  const int64_t panels = w.ne[2] * (w.ne[1] / kPanelRows);
-  for (int64_t i = panels * part / n_parts; i < panels * (part + 1) / n_parts; ++i) {
+  if (end < 0) end = panel_count(w);
+  if (first < 0 || first > end || end > panel_count(w))
+    fail("cpu repack: panels {}..{} of {}", first, end, panel_count(w));
+  const int64_t panels = end - first;
+  for (int64_t i = first + panels * part / n_parts; i < first + panels * (part + 1) / n_parts;
+       ++i) {
     const uint8_t* rows = src + i * kPanelRows * w.nb[1];
     uint8_t* records = dst + i * kPanelRows * w.nb[1];
     for (int64_t b = 0; b < nb; ++b) {

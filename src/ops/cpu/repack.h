@@ -37,8 +37,14 @@ PanelFormat panel_format(DType type);
 bool can_repack(const TensorView& w);
 
 // Writes w's bytes in the panel layout into dst (the view's total bytes, 64-byte aligned): part
-// `part` of `n_parts` writes its share of the panels, so a thread pool can split the work.
-void write_panels(const TensorView& w, uint8_t* dst, int part = 0, int n_parts = 1);
+// `part` of `n_parts` writes its share of the panels, so a thread pool can split the work. With
+// `first` and `end`, only panels [first, end) (panel i: 16 rows, starting 16 i rows into both the
+// source and dst); end < 0: to the last.
+void write_panels(const TensorView& w, uint8_t* dst, int part = 0, int n_parts = 1,
+                  int64_t first = 0, int64_t end = -1);
+// Panels of w (16 rows each, over every expert) and the bytes of one.
+int64_t panel_count(const TensorView& w);
+int64_t panel_bytes(const TensorView& w);
 // The view of w's bytes written by write_panels into dst.
 TensorView panel_view(const TensorView& w, const uint8_t* dst);
 // Both, on the calling thread.
