@@ -62,6 +62,7 @@ class Hybrid final : public Model {
                             const model::Stage& stage, model::ShardArena& arena) {
     Weights w = bind(file, config);
     if (stage.count > 1) model::keep_stage(w, stage);
+    arena.set_sources_mapped(file.mapped());
     return shard.size > 1 ? model::shard_weights(w, config, shard, arena) : w;
   }
   // The first `rows` rows of the whole head (0: all) as rows of this rank's share: 0 = all of

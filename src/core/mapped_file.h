@@ -26,6 +26,8 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Whether the bytes are a read-only file mapping (their pages may be dropped and read again).
+  bool mapped() const { return mapped_; }
 
  private:
   MappedFile() = default;

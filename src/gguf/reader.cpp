@@ -312,6 +312,12 @@ uint64_t File::file_size() const {
   return size;
 }
 
+bool File::mapped() const {
+  for (const OtherPart& p : other_parts_)
+    if (!p.file.mapped()) return false;
+  return file_.mapped();
+}
+
 std::vector<Part> File::parts() const {
   std::vector<Part> parts{{file_.path(), file_.data(), file_.size(), data_offset_}};
   for (const auto& p : other_parts_)

@@ -102,6 +102,8 @@ class File {
   uint64_t file_size() const;                            // all parts together
   // The files holding the tensors: one, or a split GGUF's parts in order.
   std::vector<Part> parts() const;
+  // Whether every part is a read-only file mapping (not bytes in memory: from_bytes).
+  bool mapped() const;
 
   const std::vector<KeyValue>& metadata() const { return metadata_; }
   const Value* find(std::string_view key) const;

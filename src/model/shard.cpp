@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "quant/quant.h"
 
 namespace qwenrt::model {
@@ -89,6 +90,10 @@ int64_t head_rows_on_rank(const Config& c, Shard s, int64_t rows) {
   return std::clamp<int64_t>(rows - v.begin, 0, v.end - v.begin);
 }
 
+void ShardArena::copied(const void* source, int64_t bytes) const {
+  if (sources_mapped_) drop_mapped_pages(source, bytes);
+}
+
 void* ShardArena::alloc(size_t bytes) {
   blocks_.push_back(std::make_unique<uint8_t[]>(bytes));
   return blocks_.back().get();
@@ -172,6 +177,7 @@ Weight take(const Weight& w, const std::vector<Range>& rows, const std::vector<R
   }
   auto* dst = static_cast<uint8_t*>(arena.alloc(static_cast<size_t>(c.bytes)));
   copy_cut(v, rows, cols.empty() ? all_cols : cols, c, w.name, dst);
+  arena.copied(v.data, v.ne[1] * v.nb[1]);
   out.view = TensorView::contiguous(c.type, v.n_dims, {c.n_cols, c.n_rows, 1, 1}, dst);
   return out;
 }
@@ -186,8 +192,10 @@ Weight take_experts(const Weight& w, const std::vector<Range>& rows, const std::
   const std::vector<Range>& cs = cols.empty() ? all_cols : cols;
   const Cut c = plan_cut(w.expert_view(0), rs, cs, w.name);
   auto* dst = static_cast<uint8_t*>(arena.alloc(static_cast<size_t>(c.bytes * n_expert)));
-  for (int64_t e = 0; e < n_expert; ++e)
+  for (int64_t e = 0; e < n_expert; ++e) {
     copy_cut(w.expert_view(e), rs, cs, c, w.name, dst + e * c.bytes);
+    arena.copied(w.expert_view(e).data, v.ne[1] * v.nb[1]);
+  }
   Weight out = w;
   out.view = TensorView::contiguous(c.type, 3, {c.n_cols, c.n_rows, n_expert, 1}, dst);
   return out;

@@ -71,12 +71,17 @@ int64_t head_rows_on_rank(const Config& c, Shard shard, int64_t rows);
 // Copies a shard's tensors that are not plain views of the file; owned by the rank's model.
 class ShardArena {
  public:
+  // Sources in a read-only file mapping: once copied, their pages are dropped from the resident
+  // set (a later read faults them in again), so copies and sources are not both held.
+  void set_sources_mapped(bool mapped) { sources_mapped_ = mapped; }
+  void copied(const void* source, int64_t bytes) const;
   void* alloc(size_t bytes);
   // Frees the copies none of `in_use` points at (those a backend copied when it placed them).
   void keep_only(const std::vector<const void*>& in_use);
 
  private:
   std::vector<std::unique_ptr<uint8_t[]>> blocks_;
+  bool sources_mapped_ = false;
 };
 
 // The rank's share of every weight (full: as bound from the file with the model's config).
