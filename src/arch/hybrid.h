@@ -44,7 +44,6 @@ class Hybrid final : public Model {
     if (!stage_.is_first() && !input) fail("pipeline stage {}: no input", stage_.index);
     return run_trunk(context(ops, states, n), weights_, ffn, n_out, all_hidden, stage_, input);
   }
-  model::Stage stage() const override { return stage_; }
   bool has_mtp() const override { return weights_.mtp.has_value(); }
   ForwardResult mtp_forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
                             const float* hidden, int64_t head_rows) override {

@@ -38,8 +38,6 @@ class Model {
   // of the embedded tokens; a stage before the last returns only its own (ForwardResult::residual).
   virtual ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
                                 bool all_hidden, const float* input = nullptr) = 0;
-  // The trunk layers this model holds (all of them but under pipeline parallelism).
-  virtual model::Stage stage() const = 0;
 
   // Whether the file holds an MTP block.
   virtual bool has_mtp() const = 0;

@@ -118,10 +118,9 @@ class Qwen4Exp final : public Model {
   }
   const model::Config& config() const override { return config_; }
 
-  model::Stage stage() const override { return model::whole_trunk(config_); }
+  // No pipeline stages (make_model refuses them): `input` is always null.
   ForwardResult forward(ops::Ops& ops, state::StateStore& states, int64_t n, int64_t n_out,
-                        bool all_hidden, const float* input) override {
-    if (input) fail("qwen4exp: pipeline parallel is not implemented");
+                        bool all_hidden, const float*) override {
     const BlockContext ctx{ops, config_, states, n};
     const model::Config& c = config_;
     const int hc = c.q4.hc_count;

@@ -144,10 +144,11 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
                           : model::split_layers(file_, config_, n_stages);
   const int n_ranks = tp_ * n_stages;
   head_ = (n_stages - 1) * tp_;
-  for (const model::Stage& st : stages_) {
-    if (n_stages == 1) break;
-    log(LogLevel::kInfo, "pipeline stage {}: layers {}..{}{}{}", st.index, st.first, st.end - 1,
-        st.is_first() ? ", the embedding" : "", st.is_last() ? ", the head" : "");
+  if (n_stages > 1) {
+    for (const model::Stage& st : stages_) {
+      log(LogLevel::kInfo, "pipeline stage {}: layers {}..{}{}{}", st.index, st.first, st.end - 1,
+          st.is_first() ? ", the embedding" : "", st.is_last() ? ", the head" : "");
+    }
   }
   // Each rank's cpu backend takes its share of the threads (0: of the logical CPUs); the stages
   // run one after another, so the ranks of one stage share them.
@@ -215,7 +216,7 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     models_.push_back(arch::make_model(
         file_, config_, *ops_[r],
         {.shard = {.rank = r % tp_, .size = tp_, .expert_parallel = options.expert_parallel},
-         .stage = n_stages > 1 ? stages_[r / tp_] : model::Stage{.count = 0},
+         .stage = stages_[r / tp_],
          .state_rank = r}));
   }
   if (config_.is_moe() && std::string(ops_[0]->name()) == "cuda") {
@@ -253,7 +254,7 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
   for (int r = 0; r < n_ranks; ++r) {
     rank_configs.push_back(models_[r]->config());
     rank_ops.push_back(ops_[r].get());
-    if (n_stages > 1) rank_stages.push_back(stages_[r / tp_]);
+    rank_stages.push_back(stages_[r / tp_]);
   }
   states_ = std::make_unique<state::StateStore>(rank_configs, options.n_slots, n_ctx, rank_ops,
                                                 kPageSize, extra_pages,

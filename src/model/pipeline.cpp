@@ -1,8 +1,7 @@
 #include "model/pipeline.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 
 #include "core/error.h"
@@ -55,13 +54,12 @@ std::vector<Stage> split_layers(const gguf::File& file, const Config& c, int sta
   int64_t first = 0, last = 0;
   for (const auto& t : file.tensors()) {
     const auto bytes = static_cast<int64_t>(t.n_bytes);
-    int il = -1;
     if (t.name.starts_with("blk.")) {
-      il = std::atoi(t.name.c_str() + 4);
-      if (il < c.n_layer) {
+      const int il = std::atoi(t.name.c_str() + 4);
+      if (il >= 0 && il < c.n_layer) {
         layers[il] += bytes;
       } else {
-        last += bytes;  // an MTP block
+        last += bytes;  // an MTP block (a name out of range is refused when the weights bind)
       }
     } else if (t.name.starts_with("token_embd")) {
       first += bytes;
