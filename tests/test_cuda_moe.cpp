@@ -153,5 +153,177 @@ TEST(CudaMoe, RouteMatchesReferenceIncludingTies) {
   }
 }
 
+// The fused norm and routing kernel (Ops::add_rmsnorm_moe's decode path) against the kernels it
+// replaces, on the same device: x and h bit for bit as add_rmsnorm writes them, logits against a
+// host double dot of that h, ids, weights and the shared gate bit for bit as moe_route computes
+// them from the kernel's own logits; its row counters are zero again after each launch, so a
+// second launch (a graph replay) gives the same. Rows 1..16, two widths, 64 and 256 experts.
+TEST(CudaMoe, NormFoldedIntoRoutingEqualsTheKernelsItReplaces) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Shape {
+    int64_t dim;
+    int n_expert, k;
+    bool gate;
+  };
+  for (const Shape& sh :
+       {Shape{2048, 256, 8, true}, Shape{1024, 64, 4, false}, Shape{4096, 256, 8, true}}) {
+    for (int64_t n : {1, 2, 7, 16}) {
+      const int64_t dim = sh.dim;
+      const int n_expert = sh.n_expert, k = sh.k;
+      std::vector<float> x(n * dim), delta(n * dim), norm(dim), router(n_expert * dim), gate(dim);
+      for (auto& v : x) v = normal(rng);
+      for (auto& v : delta) v = normal(rng);
+      for (auto& v : norm) v = 1.0f + 0.1f * normal(rng);
+      for (auto& v : router) v = 0.05f * normal(rng);
+      for (auto& v : gate) v = 0.05f * normal(rng);
+      auto d_norm = cuda::to_device(norm.data(), dim * 4);
+      auto d_router = cuda::to_device(router.data(), router.size() * 4);
+      auto d_gate = cuda::to_device(gate.data(), dim * 4);
+      auto d_delta = cuda::to_device(delta.data(), n * dim * 4);
+      // The kernels it replaces: add_rmsnorm, then moe_route on our logits.
+      auto want_x = cuda::to_device(x.data(), n * dim * 4);
+      auto want_h = cuda::poisoned(n * dim);
+      cuda::add_rmsnorm(want_x->f(), d_delta->f(), d_norm->f(), want_h->f(), n, dim, 1e-6f,
+                        nullptr);
+      auto counters = cuda::to_device(std::vector<unsigned>(cuda::kNormRouteMaxRows, 0).data(),
+                                      cuda::kNormRouteMaxRows * 4);
+      auto got_x = cuda::to_device(x.data(), n * dim * 4);
+      auto got_h = cuda::poisoned(n * dim), logits = cuda::poisoned(n * n_expert);
+      auto ids = cuda::poisoned(n * k), weights = cuda::poisoned(n * k), scale = cuda::poisoned(n);
+      cuda::NormRouteArgs a{};
+      a.x = got_x->f();
+      a.delta = d_delta->f();
+      a.norm = d_norm->f();
+      a.eps = 1e-6f;
+      a.h = got_h->f();
+      a.n = n;
+      a.dim = dim;
+      a.router = d_router->f();
+      a.n_expert = n_expert;
+      a.k = k;
+      a.logits = logits->f();
+      a.counters = static_cast<unsigned*>(counters->ptr);
+      a.ids = static_cast<int32_t*>(ids->ptr);
+      a.weights = weights->f();
+      a.gate_inp = sh.gate ? d_gate->f() : nullptr;
+      a.shared_scale = scale->f();
+      ASSERT_TRUE(cuda::norm_route_fits(a)) << dim << " wide, " << n << " rows";
+      cuda::moe_norm_route(a, nullptr);
+      auto want_ids = cuda::poisoned(n * k), want_w = cuda::poisoned(n * k);
+      auto want_scale = cuda::poisoned(n);
+      cuda::moe_route(logits->f(), n, n_expert, k, static_cast<int32_t*>(want_ids->ptr),
+                      want_w->f(), want_h->f(), sh.gate ? d_gate->f() : nullptr, dim,
+                      want_scale->f(), nullptr);
+      const auto bits = [](const cuda::DeviceBuffer& b, int64_t count) {
+        std::vector<uint32_t> v(count);
+        EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        return v;
+      };
+      const std::string at = std::to_string(dim) + " wide, " + std::to_string(n_expert) +
+                             " experts, " + std::to_string(n) + " rows";
+      EXPECT_EQ(bits(*got_x, n * dim), bits(*want_x, n * dim)) << "x, " << at;
+      EXPECT_EQ(bits(*got_h, n * dim), bits(*want_h, n * dim)) << "h, " << at;
+      EXPECT_EQ(bits(*ids, n * k), bits(*want_ids, n * k)) << "ids, " << at;
+      EXPECT_EQ(bits(*weights, n * k), bits(*want_w, n * k)) << "weights, " << at;
+      if (sh.gate) {
+        EXPECT_EQ(bits(*scale, n), bits(*want_scale, n)) << "shared gate, " << at;
+      }
+      EXPECT_EQ(bits(*counters, cuda::kNormRouteMaxRows),
+                std::vector<uint32_t>(cuda::kNormRouteMaxRows, 0))
+          << "counters, " << at;
+      const std::vector<float> h = cuda::to_host(*got_h, n * dim);
+      const std::vector<float> got_logits = cuda::to_host(*logits, n * n_expert);
+      double worst = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        for (int e = 0; e < n_expert; ++e) {
+          double dot = 0, mag = 0;
+          for (int64_t i = 0; i < dim; ++i) {
+            dot += double(h[r * dim + i]) * router[e * dim + i];
+            mag += std::fabs(double(h[r * dim + i]) * router[e * dim + i]);
+          }
+          worst = std::max(worst, std::fabs(got_logits[r * n_expert + e] - dot) / mag);
+        }
+      }
+      EXPECT_LT(worst, 1e-6) << "logits, " << at;
+      // Again on the same buffers (a replay): x moves on by delta once more, the rest follows.
+      const std::vector<uint32_t> first_ids = bits(*ids, n * k);
+      ASSERT_EQ(cudaMemcpy(got_x->ptr, x.data(), n * dim * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      cuda::moe_norm_route(a, nullptr);
+      EXPECT_EQ(bits(*got_x, n * dim), bits(*want_x, n * dim)) << "x again, " << at;
+      EXPECT_EQ(bits(*ids, n * k), first_ids) << "ids again, " << at;
+    }
+  }
+}
+
+// Ops::add_rmsnorm_moe on the cuda backend (the fused kernel up to kNormRouteMaxRows rows, the two
+// ops above) against add_rmsnorm then moe on the same backend and against the reference.
+TEST(CudaMoe, AddRmsnormMoeEqualsItsTwoOps) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(29);
+  const MoeCase c{256,  8,           1024,        256,         256,        false,
+                  true, DType::Q4_K, DType::Q4_K, DType::Q8_0, DType::Q8_0};
+  std::vector<Tensor> tensors;
+  tensors.reserve(10);
+  auto add = [&](const char* name, DType t, int64_t in, int64_t out, int64_t n_mat, float s) {
+    tensors.push_back(quantized_tensor(name, t, in, out, n_mat, s, rng));
+    return tensors.back().w;
+  };
+  MoeWeights host;
+  host.router = add("router", DType::F32, c.dim, c.n_expert, 1, 0.2f);
+  host.gate_exps = add("gate_exps", c.gate_up, c.dim, c.ff, c.n_expert, 0.05f);
+  host.up_exps = add("up_exps", c.gate_up, c.dim, c.ff, c.n_expert, 0.05f);
+  host.down_exps = add("down_exps", c.down, c.ff, c.dim, c.n_expert, 0.05f);
+  host.shared_gate_inp = add("shared_gate_inp", DType::F32, c.dim, 1, 1, 0.1f);
+  host.shared_gate = add("shared_gate", c.shared_gate_up, c.dim, c.sff, 1, 0.05f);
+  host.shared_up = add("shared_up", c.shared_gate_up, c.dim, c.sff, 1, 0.05f);
+  host.shared_down = add("shared_down", c.shared_down, c.sff, c.dim, 1, 0.05f);
+  const Weight norm_host = add("norm", DType::F32, c.dim, 1, 1, 1.0f);
+  auto ops = make_cuda_ops();
+  MoeWeights dev = host;
+  for (Weight* w : {&dev.router, &dev.gate_exps, &dev.up_exps, &dev.down_exps, &dev.shared_gate_inp,
+                    &dev.shared_gate, &dev.shared_up, &dev.shared_down}) {
+    *w = ops->place(*w);
+  }
+  const Weight norm = ops->place(norm_host);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {1, 3, 16, 17}) {  // 17: past the fused kernel's rows
+    const int64_t nd = n * c.dim;
+    std::vector<float> x(nd), delta(nd);
+    for (auto& v : x) v = normal(rng);
+    for (auto& v : delta) v = normal(rng);
+    // Reference: x += delta, h = rmsnorm(x) * norm, then the MoE block.
+    std::vector<float> ref_x = x, ref_h(nd), want(nd);
+    for (int64_t i = 0; i < nd; ++i) ref_x[i] += delta[i];
+    ref::rmsnorm(ref_x.data(), ref::f32_data(norm_host), ref_h.data(), n, c.dim, 1e-6f);
+    ref::moe_ffn(host, ref_h.data(), want.data(), n, c.n_expert, c.k);
+    float* buf[8];
+    for (float*& b : buf) b = ops->alloc(nd);
+    const std::vector<float> nan(nd, std::numeric_limits<float>::quiet_NaN());
+    for (int i : {0, 4}) ops->upload(x.data(), buf[i], nd);
+    for (int i : {1, 5}) ops->upload(delta.data(), buf[i], nd);
+    for (int i : {2, 3, 6, 7}) ops->upload(nan.data(), buf[i], nd);
+    ops->add_rmsnorm(buf[0], buf[1], norm, buf[2], n, c.dim, 1e-6f);
+    ops->moe(dev, buf[2], buf[3], n, c.n_expert, c.k);
+    ops->add_rmsnorm_moe({buf[4], buf[5], &norm, buf[6], c.dim, 1e-6f}, dev, buf[7], n, c.n_expert,
+                         c.k);
+    // x, h and out of the two ops (buffers 0, 2, 3) and of the one (4, 6, 7).
+    const auto fetch = [&](int i) {
+      std::vector<float> v(nd);
+      ops->download(buf[i], v.data(), nd);
+      return v;
+    };
+    const std::vector<float> out = fetch(7);
+    EXPECT_EQ(fetch(4), fetch(0)) << "x, n=" << n;
+    EXPECT_EQ(fetch(6), fetch(2)) << "h, n=" << n;
+    // The logits' sums run in another order: weights within float rounding, the same experts.
+    EXPECT_LT(rel_l2(out, fetch(3)), 1e-5) << "out, n=" << n;
+    EXPECT_LT(rel_l2(out, want), kTol) << "out against the reference, n=" << n;
+    EXPECT_LT(rel_l2(fetch(6), ref_h), 1e-6) << "h against the reference, n=" << n;
+    ops->reset_workspace();
+  }
+}
+
 }  // namespace
 }  // namespace qwenrt::ops

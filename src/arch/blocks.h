@@ -51,9 +51,11 @@ void attention_output(const BlockContext& ctx, const model::AttentionWeights& w,
 void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, int il,
                     const float* x, float* out);
 
-// The layer loop and the head, for any FFN kind: ffn(ctx, ffn_weights, x, out) writes
-// out [n, n_embd] from the normed x. Runs the stage's layers (model/pipeline.h): a stage after the
-// first starts from the residual stream `input`, a stage before the last ends in its own.
+// The layer loop and the head, for any FFN kind: ffn(ctx, ffn_weights, in, out) runs the residual
+// add and norm `in` describes (in.x += in.delta, in.h = rmsnorm(in.x)), then writes out [n, n_embd]
+// from in.h: one call, so that a backend can fuse the norm into the FFN's first kernel. Runs the
+// stage's layers (model/pipeline.h): a stage after the first starts from the residual stream
+// `input`, a stage before the last ends in its own.
 template <class Ffn, class FfnFn>
 ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>& w, FfnFn ffn,
                         int64_t n_out, bool all_hidden, const model::Stage& stage,
@@ -81,8 +83,7 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
       deltanet_block(ctx, std::get<model::DeltaNetWeights>(layer.mixer), il, h, mixed);
     }
     sum_over_ranks(ctx, mixed);
-    ops.add_rmsnorm(x, mixed, layer.post_attn_norm, h, n, e, c.rms_eps);
-    ffn(ctx, layer.ffn, h, mixed);
+    ffn(ctx, layer.ffn, {x, mixed, &layer.post_attn_norm, h, e, c.rms_eps}, mixed);
     sum_over_ranks(ctx, mixed);
     // Router lookahead: the next layer's router on this layer's FFN input names the experts it
     // will likely ask for; a backend streaming experts reads them during the next mixer.
@@ -143,8 +144,7 @@ ForwardResult run_mtp(const BlockContext& ctx, const model::MtpWeights<Ffn>& w, 
   ops.rmsnorm(x, w.attn_norm, h, n, e, c.rms_eps);
   attention_block(ctx, w.attn, c.n_layer, h, mixed);
   sum_over_ranks(ctx, mixed);
-  ops.add_rmsnorm(x, mixed, w.post_attn_norm, h, n, e, c.rms_eps);
-  ffn(ctx, w.ffn, h, mixed);
+  ffn(ctx, w.ffn, {x, mixed, &w.post_attn_norm, h, e, c.rms_eps}, mixed);
   sum_over_ranks(ctx, mixed);
   ops.add(x, mixed, x, n * e);
   // The state after the head norm (shared_head_norm) is what a chained draft's row takes as its

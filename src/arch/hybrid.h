@@ -13,7 +13,8 @@
 
 namespace qwenrt::arch {
 
-// Weights: model::Qwen35Weights or Qwen35MoeWeights; bind: its binder; Ffn: ffn(ctx, w, x, out).
+// Weights: model::Qwen35Weights or Qwen35MoeWeights; bind: its binder; ffn: ffn(ctx, w, in, out)
+// (blocks.h, run_trunk).
 template <class Weights, auto bind, auto ffn>
 class Hybrid final : public Model {
  public:

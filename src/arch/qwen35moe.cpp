@@ -4,10 +4,11 @@
 namespace qwenrt::arch {
 namespace {
 
-// out = sigmoid(shared_gate_inp . x) * shared(x) + sum over the top-k experts of w_j expert_j(x),
-// routing included: one backend op.
-void moe_ffn(const BlockContext& ctx, const model::MoeFfnWeights& w, const float* x, float* out) {
-  ctx.ops.moe(w, x, out, ctx.n, ctx.config.n_expert, ctx.config.n_expert_used);
+// h = norm(x += delta); out = sigmoid(shared_gate_inp . h) * shared(h) + sum over the top-k
+// experts of w_j expert_j(h), routing included: one backend op (the norm may fold into routing).
+void moe_ffn(const BlockContext& ctx, const model::MoeFfnWeights& w,
+             const ops::Ops::NormedInput& in, float* out) {
+  ctx.ops.add_rmsnorm_moe(in, w, out, ctx.n, ctx.config.n_expert, ctx.config.n_expert_used);
 }
 
 }  // namespace

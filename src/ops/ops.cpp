@@ -12,6 +12,12 @@ void Ops::add_rmsnorm(float* x, const float* delta, const Weight& weight, float*
   rmsnorm(x, weight, out, rows, dim, eps);
 }
 
+void Ops::add_rmsnorm_moe(const NormedInput& in, const MoeWeights& w, float* out, int64_t n,
+                          int n_expert, int k) {
+  add_rmsnorm(in.x, in.delta, *in.norm, in.h, n, in.dim, in.eps);
+  moe(w, in.h, out, n, n_expert, k);
+}
+
 void Ops::attention_heads(const AttentionHeadsArgs& a) {
   const int64_t hd = a.head_dim, rows_q = a.n * a.n_head;
   copy_2d(a.q_gate, 2 * hd, a.q, hd, rows_q, hd);

@@ -135,6 +135,20 @@ class Ops {
   // SwiGLU experts, shared expert scaled by sigmoid(shared_gate_inp . x)); routing stays inside.
   virtual void moe(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert,
                    int k) = 0;
+  // The input of a block given as the residual add and norm that make it: x [n, dim] += delta,
+  // then h [n, dim] = rmsnorm(x) * norm (add_rmsnorm).
+  struct NormedInput {
+    float* x;
+    const float* delta;
+    const Weight* norm;
+    float* h;
+    int64_t dim;
+    float eps;
+  };
+  // add_rmsnorm of `in`, then moe(w, in.h, out, ...) (ops.cpp): one call so that a backend can
+  // fold the norm into its router kernel. in.x and in.h are written either way.
+  virtual void add_rmsnorm_moe(const NormedInput& in, const MoeWeights& w, float* out, int64_t n,
+                               int n_expert, int k);
 
   // ---- qwen4exp (Qwen3.8-Flash-Next) ----
   // Host backends run these on the reference kernels; a backend without them fails naming the op.

@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -73,6 +74,11 @@ class CudaOps final : public Ops {
       grouped_min_rows_ = mmq_min_rows_ = r <= 0 ? INT64_MAX : r;
     }
     prefetcher_ = std::make_unique<cuda::L2Prefetcher>(device);
+    norm_route_ = env_flag("QWENRT_CUDA_NORM_ROUTE", true);
+    drop_ = parse_drop(std::getenv("QWENRT_CUDA_DROP"));
+    constexpr size_t kCounterBytes = cuda::kNormRouteMaxRows * sizeof(unsigned);
+    QWENRT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&route_counters_), kCounterBytes));
+    QWENRT_CUDA_CHECK(cudaMemset(route_counters_, 0, kCounterBytes));
   }
 
   ~CudaOps() override {
@@ -83,6 +89,7 @@ class CudaOps final : public Ops {
     for (const auto& [start, end] : weight_chunks_) cudaFree(reinterpret_cast<void*>(start));
     for (auto& e : stage_done_) cudaEventDestroy(e);
     prefetcher_.reset();
+    cudaFree(route_counters_);
     cudaEventDestroy(fork_);
     cudaEventDestroy(join_);
     cudaStreamDestroy(side_);
@@ -244,6 +251,7 @@ class CudaOps final : public Ops {
     if (skip(matmul_ws(w, n))) return;
     Scope s(this, kMatmul);
     const Matrix m = matrix(w);
+    if (dropped(kDropMatmul)) return;
     cuda::matmul(m, x, y, n, ws_, stream_);
     prefetch_after({m}, n, stream_);
   }
@@ -255,6 +263,7 @@ class CudaOps final : public Ops {
     const int n_p = static_cast<int>(projections.size());
     if (skip(cuda::matmul_group_workspace_bytes(p, n_p, n))) return;
     Scope s(this, kMatmul);
+    if (dropped(kDropGroup)) return;
     cuda::matmul_group(p, n_p, x, n, ws_, stream_);
     Matrix read[kMaxProjections];
     for (int i = 0; i < n_p; ++i) read[i] = p[i].w;
@@ -264,12 +273,14 @@ class CudaOps final : public Ops {
                float eps) override {
     if (skip()) return;
     Scope s(this, kNorm);
+    if (dropped(kDropNorm)) return;
     cuda::rmsnorm(x, ref::f32_data(weight), out, rows, dim, eps, stream_);
   }
   void add_rmsnorm(float* x, const float* delta, const Weight& weight, float* out, int64_t rows,
                    int64_t dim, float eps) override {
     if (skip()) return;
     Scope s(this, kNorm);
+    if (dropped(kDropNorm)) return;
     cuda::add_rmsnorm(x, delta, ref::f32_data(weight), out, rows, dim, eps, stream_);
   }
   void rope_neox(float* x, int n_heads, int head_dim, int64_t token_stride, int n_rot,
@@ -283,6 +294,7 @@ class CudaOps final : public Ops {
     if (!cuda::attention_heads_fit(a.head_dim, a.n_rot)) return Ops::attention_heads(a);
     if (skip()) return;
     Scope s(this, kRope);
+    if (dropped(kDropHeads)) return;
     cuda::attention_heads(a.q_gate, ref::f32_data(*a.q_norm), ref::f32_data(*a.k_norm), a.q, a.gate,
                           a.k, dstep_.positions, a.n, a.n_head, a.n_head_kv, a.head_dim, a.n_rot,
                           a.rope_theta, a.eps, stream_);
@@ -335,15 +347,58 @@ class CudaOps final : public Ops {
     step.max_tokens = dstep_.page_table_stride * a.kv.page_size;
     if (skip(cuda::attention_workspace_bytes(step, a.n_head, a.head_dim))) return;
     Scope s(this, kAttention);
+    if (dropped(kDropAttention)) return;
     cuda::attention(step, a, ws_, stream_);
   }
   void deltanet(const DeltaNetArgs& a) override {
     if (skip(cuda::deltanet_workspace_bytes(dstep_, a))) return;
     Scope s(this, kDeltaNet);
+    if (dropped(kDropDeltaNet)) return;
     cuda::deltanet(dstep_, a, ws_, stream_);
   }
   void moe(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert,
            int k) override {
+    moe_block(w, x, out, n, n_expert, k, nullptr);
+  }
+  // Decode-sized steps fold the norm into the router's kernel (moe_norm_route);
+  // QWENRT_CUDA_NORM_ROUTE=0 runs add_rmsnorm and moe.
+  void add_rmsnorm_moe(const NormedInput& in, const MoeWeights& w, float* out, int64_t n,
+                       int n_expert, int k) override {
+    if (!norm_route_ || n > cuda::kNormRouteMaxRows ||
+        !cuda::norm_route_fits(norm_route_args(in, w, n, n_expert, k))) {
+      return Ops::add_rmsnorm_moe(in, w, out, n, n_expert, k);
+    }
+    moe_block(w, in.h, out, n, n_expert, k, &in);
+  }
+
+ private:
+  // The arguments of the fused norm and routing, less the step's scratch.
+  cuda::NormRouteArgs norm_route_args(const NormedInput& in, const MoeWeights& w, int64_t n,
+                                      int n_expert, int k) {
+    const Matrix router = matrix(w.router);
+    cuda::NormRouteArgs a{};
+    a.x = in.x;
+    a.delta = in.delta;
+    a.norm = ref::f32_data(*in.norm);
+    a.eps = in.eps;
+    a.h = in.h;
+    a.n = n;
+    a.dim = in.dim;
+    a.router = router.dtype == DType::F32 && router.in == in.dim && router.out == n_expert
+                   ? static_cast<const float*>(router.data)
+                   : nullptr;
+    a.n_expert = n_expert;
+    a.k = k;
+    a.counters = route_counters_;
+    a.gate_inp = w.shared_gate_inp.present() ? ref::f32_data(w.shared_gate_inp) : nullptr;
+    return a;
+  }
+
+ public:
+  // The MoE block on x; with `pre`, x is pre->h, made by the routing kernel from pre's add and
+  // norm (a decode-sized step with a shared expert: add_rmsnorm_moe).
+  void moe_block(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert, int k,
+                 const NormedInput* pre) {
     if (w.expert_base != 0 || w.down_exps.view.ne[2] != n_expert)
       fail("cuda moe: expert parallelism is not implemented on this backend yet");
     const int64_t dim = w.down_exps.view.ne[1];
@@ -394,17 +449,6 @@ class CudaOps final : public Ops {
     void* side_ws = shared ? side_scratch_.take(ws_bytes) : nullptr;
     if (skip(ws_bytes)) return;
     Scope s(this, kMoe);
-    if (shared) {
-      QWENRT_CUDA_CHECK(cudaEventRecord(fork_, stream_));
-      QWENRT_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
-      cuda::matmul_swiglu(sg, su, x, smid, n, side_ws, side_);
-      prefetch_after({sg, su}, n, side_);
-      cuda::matmul(sd, smid, sout, n, side_ws, side_);
-      prefetch_after({sd}, n, side_);
-      QWENRT_CUDA_CHECK(cudaEventRecord(join_, side_));
-    }
-    cuda::matmul(router, x, logits, n, ws_, stream_);
-    prefetch_after({router}, n, stream_);
     // The chosen experts' weights asked into L2 by the routing kernel (decode-sized steps): the
     // down halves arrive while the gate and up GEMVs run.
     cuda::ExpertPrefetch expert_prefetch;
@@ -418,9 +462,32 @@ class CudaOps final : public Ops {
         expert_prefetch.bytes[i] = m.out * m.row_bytes;
       }
     }
-    cuda::moe_route(logits, n, n_expert, k, ids, weights, x,
-                    shared ? ref::f32_data(w.shared_gate_inp) : nullptr, dim, shared_scale, stream_,
-                    expert_prefetch);
+    if (pre) {  // x = pre->h is written by this kernel
+      cuda::NormRouteArgs a = norm_route_args(*pre, w, n, n_expert, k);
+      a.logits = logits;
+      a.ids = ids;
+      a.weights = weights;
+      a.shared_scale = shared_scale;
+      a.prefetch = expert_prefetch;
+      cuda::moe_norm_route(a, stream_);
+      prefetch_after({router}, n, stream_);
+    }
+    if (shared && !dropped(kDropShared)) {
+      QWENRT_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+      QWENRT_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+      cuda::matmul_swiglu(sg, su, x, smid, n, side_ws, side_);
+      prefetch_after({sg, su}, n, side_);
+      cuda::matmul(sd, smid, sout, n, side_ws, side_);
+      prefetch_after({sd}, n, side_);
+      QWENRT_CUDA_CHECK(cudaEventRecord(join_, side_));
+    }
+    if (!pre) {
+      if (!dropped(kDropRouter)) cuda::matmul(router, x, logits, n, ws_, stream_);
+      prefetch_after({router}, n, stream_);
+      cuda::moe_route(logits, n, n_expert, k, ids, weights, x,
+                      shared ? ref::f32_data(w.shared_gate_inp) : nullptr, dim, shared_scale,
+                      stream_, expert_prefetch);
+    }
     if (mmq) {
       const cuda::ExpertOrder order = cuda::order_by_expert(
           ids, n * k, n_expert, cuda::mmq_tile_rows(n * k, n_expert), order_ws, stream_);
@@ -438,12 +505,15 @@ class CudaOps final : public Ops {
       cuda::moe_combine_pairs(pairs, weights, k, sout, shared_scale, out, n, dim, stream_);
       return;
     }
-    cuda::experts_swiglu(gate, up, ids, k, x, mid, n, ws_, stream_);
+    const bool experts = !dropped(kDropExperts);
+    if (experts) cuda::experts_swiglu(gate, up, ids, k, x, mid, n, ws_, stream_);
     // Each routed expert's down on its own warps, summed with the shared expert in the combine;
     // the looping kernel where the type has no staged path.
-    if (cuda::experts_down_pairs(down, ids, k, mid, pairs, n, ws_, stream_)) {
-      if (shared) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-      cuda::moe_combine_pairs(pairs, weights, k, sout, shared_scale, out, n, dim, stream_);
+    if (!experts || cuda::experts_down_pairs(down, ids, k, mid, pairs, n, ws_, stream_)) {
+      if (shared && !dropped(kDropShared))
+        QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+      if (!dropped(kDropCombine))
+        cuda::moe_combine_pairs(pairs, weights, k, sout, shared_scale, out, n, dim, stream_);
       return;
     }
     cuda::experts_down(down, ids, weights, k, mid, routed, n, ws_, stream_);
@@ -935,6 +1005,48 @@ class CudaOps final : public Ops {
   // Every op starts here: true means the op is part of a graph that replays, so it only counts
   // and takes its workspace (the same addresses as at capture). `ws_bytes` of workspace go to ws_:
   // scratch that only this op uses, so every op's starts at the same address.
+  // QWENRT_CUDA_DROP=class,... (a timing diagnostic: the output is wrong): kernels of those classes
+  // are left out of captured graphs, so that decode replays time the step without them; the first
+  // (eager) step still runs them, so the buffers they write hold values of the right kind (routing
+  // itself is never dropped: stale expert ids would read out of range).
+  enum DropClass : unsigned {
+    kDropNorm = 1,    // rmsnorm, add_rmsnorm
+    kDropMatmul = 2,  // single matmuls: output projections, the head
+    kDropGroup = 4,   // projection groups
+    kDropHeads = 8,   // attention_heads
+    kDropAttention = 16,
+    kDropDeltaNet = 32,  // conv and delta rule
+    kDropRouter = 64,    // the router GEMV (not the fused norm and routing)
+    kDropExperts = 128,  // routed experts' gate / up and down
+    kDropCombine = 256,
+    kDropShared = 512,  // the shared expert's two GEMVs
+  };
+  static unsigned parse_drop(const char* v) {
+    if (v == nullptr) return 0;
+    static constexpr std::pair<const char*, unsigned> kNames[] = {
+        {"norm", kDropNorm},     {"matmul", kDropMatmul},       {"group", kDropGroup},
+        {"heads", kDropHeads},   {"attention", kDropAttention}, {"deltanet", kDropDeltaNet},
+        {"router", kDropRouter}, {"experts", kDropExperts},     {"combine", kDropCombine},
+        {"shared", kDropShared}};
+    unsigned mask = 0;
+    std::string list(v);
+    for (size_t at = 0; at <= list.size();) {
+      const size_t end = std::min(list.find(',', at), list.size());
+      const std::string name = list.substr(at, end - at);
+      bool known = name.empty();
+      for (const auto& [n, bit] : kNames) {
+        if (name == n) {
+          mask |= bit;
+          known = true;
+        }
+      }
+      if (!known) fail("QWENRT_CUDA_DROP: unknown kernel class '{}'", name);
+      at = end + 1;
+    }
+    return mask;
+  }
+  bool dropped(DropClass c) const { return (drop_ & c) != 0 && mode_ == Mode::kCapture; }
+
   bool skip(int64_t ws_bytes = 0) {
     scratch_.rewind();
     ws_ = ws_bytes > 0 ? scratch_.take(ws_bytes) : nullptr;
@@ -1043,6 +1155,9 @@ class CudaOps final : public Ops {
   // call, aggregate decode) 1,345 / 1,834 / 2,723 tok/s at 16 / 32 / 64 rows against the per-pair
   // GEMVs' 1,273 / 1,449 / 1,627. QWENRT_CUDA_GROUPED_ROWS sets both.
   int64_t mmq_min_rows_ = 16;
+  bool norm_route_ = true;              // add_rmsnorm_moe fused (QWENRT_CUDA_NORM_ROUTE)
+  unsigned drop_ = 0;                   // QWENRT_CUDA_DROP's kernel classes
+  unsigned* route_counters_ = nullptr;  // moe_norm_route's kNormRouteMaxRows counters
   Mode mode_ = Mode::kEager;
   std::map<GraphKey, Graph> graphs_;
   std::map<GraphKey, int> seen_;

@@ -216,6 +216,33 @@ struct ExpertPrefetch {
 void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids, float* weights,
                const float* x, const float* gate_inp, int64_t dim, float* shared_scale,
                cudaStream_t stream, const ExpertPrefetch& prefetch = {});
+// add_rmsnorm, the router and moe_route of a decode-sized step in one launch
+// (Ops::add_rmsnorm_moe): x [n, dim] += delta; h = rmsnorm(x) * norm (add_rmsnorm's floats, bit for
+// bit); logits [n, n_expert] = h @ router^T (fp32 router [n_expert, dim]); then ids, weights and
+// shared_scale as moe_route computes them from those logits. `counters` is kNormRouteMaxRows zeroed
+// unsigned ints of device memory the kernel leaves zeroed. Takes what norm_route_fits says (n up to
+// kNormRouteMaxRows, dim a multiple of 1024 up to 8192, 16-byte aligned rows, up to 512 experts).
+constexpr int kNormRouteMaxRows = 16;
+constexpr int kNormRouteMaxVec = 8;
+struct NormRouteArgs {
+  float* x;
+  const float* delta;
+  const float* norm;
+  float eps;
+  float* h;
+  int64_t n, dim;
+  const float* router;
+  int n_expert, k;
+  float* logits;
+  unsigned* counters;
+  int32_t* ids;
+  float* weights;
+  const float* gate_inp;  // null: no shared expert gate
+  float* shared_scale;
+  ExpertPrefetch prefetch;
+};
+bool norm_route_fits(const NormRouteArgs& a);
+void moe_norm_route(const NormRouteArgs& a, cudaStream_t stream);
 // out [n, dim] = sum_j weights[r, j] * pairs[r * k + j] + shared_scale[r] * shared [n, dim]
 // (shared null: no shared expert).
 void moe_combine_pairs(const float* pairs, const float* weights, int k, const float* shared,

@@ -1,5 +1,6 @@
 // MoE routing and the shared expert's gated combine (ref::moe_route, ref::moe_ffn's tail). The
 // expert matmuls are matmul.cu's experts_swiglu / experts_down.
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cstdint>
@@ -110,47 +111,41 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, int32_t* 
   }
 }
 
-// One block of kRouteThreads per row. Its first warp routes up to 32 * kPerLane experts with
-// everything in registers: the softmax in double, k rounds of a warp arg max (ties to the lower
-// id), renormalised as ref does; a row with a NaN logit routes nowhere (ids -1, NaN weights). The
-// shared expert's gate sigmoid(x . gate_inp) of the row (gate_inp null: none) is summed by the
-// whole block first, each thread's loads all in flight at once. Lane j asks L2 for choice j's
-// slices of the prefetch tensors. (Counting every expert's rank at
-// once, a thread an expert, instead of the k rounds measured slower end to end on the H200:
-// 35B-A3B 347.8 -> 314.8 tok/s, bench/results/h200-decode-small-kernels-2026-12-05.md.)
-template <int kPerLane>
-__global__ void __launch_bounds__(kRouteThreads)
-    route_block_kernel(const float* __restrict__ logits, int n_expert, int k,
-                       int32_t* __restrict__ ids, float* __restrict__ weights,
-                       const float* __restrict__ x, const float* __restrict__ gate_inp, int64_t dim,
-                       float* __restrict__ shared_scale, const ExpertPrefetch prefetch) {
-  pdl_launch_dependents();
-  pdl_wait();  // launched dependent (pdl.cuh): before any read
+// sigmoid(x . gate_inp) of one row (the shared expert's gate), summed by the whole block of
+// kRouteThreads, each thread's loads all in flight at once; thread 0 writes it to *out. Every
+// thread of the block must call it.
+__device__ void shared_gate_block(const float* xr, const float* __restrict__ gate_inp, int64_t dim,
+                                  float* out) {
   __shared__ float s_gate[kRouteThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t row = blockIdx.x;
-  if (gate_inp) {
-    const float* xr = x + row * dim;
-    float acc = 0;
+  float acc = 0;
 #pragma unroll 8
-    for (int64_t i = threadIdx.x; i < dim; i += kRouteThreads) acc += xr[i] * gate_inp[i];
-    acc = warp_sum(acc);
-    if (lane == 0) s_gate[warp] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0;
-      for (int q = 0; q < kRouteThreads / 32; ++q) total += s_gate[q];
-      shared_scale[row] = 1.0f / (1.0f + expf(-total));
-    }
+  for (int64_t i = threadIdx.x; i < dim; i += kRouteThreads) acc += xr[i] * gate_inp[i];
+  acc = warp_sum(acc);
+  if (lane == 0) s_gate[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0;
+    for (int q = 0; q < kRouteThreads / 32; ++q) total += s_gate[q];
+    *out = 1.0f / (1.0f + expf(-total));
   }
-  if (warp != 0) return;
-  const float* l = logits + row * n_expert;
+}
+
+// Routes one row of logits l [n_expert] in one warp (every lane calls it) with everything in
+// registers: the softmax in double, k rounds of a warp arg max (ties to the lower id),
+// renormalised as ref does; a row with a NaN logit routes nowhere (ids -1, NaN weights). Lane j
+// writes choice j and asks L2 for its slices of the prefetch tensors. The logits are read from L2
+// (__ldcg): other blocks of the same kernel may have written them (norm_route_kernel).
+template <int kPerLane>
+__device__ void route_row_warp(const float* l, int n_expert, int k, int32_t* __restrict__ row_ids,
+                               float* __restrict__ row_w, const ExpertPrefetch& prefetch) {
+  const int lane = threadIdx.x % 32;
   double p[kPerLane];
   float mx = -FLT_MAX;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
-    const float v = e < n_expert ? l[e] : -FLT_MAX;
+    const float v = e < n_expert ? __ldcg(l + e) : -FLT_MAX;
     p[i] = v;
     mx = fmaxf(mx, v);
   }
@@ -165,8 +160,8 @@ __global__ void __launch_bounds__(kRouteThreads)
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (sum != sum) {  // a NaN logit: route nowhere (the expert kernels then write NaN)
     if (lane < k) {
-      ids[row * k + lane] = -1;
-      weights[row * k + lane] = __int_as_float(0x7fc00000);
+      row_ids[lane] = -1;
+      row_w[lane] = __int_as_float(0x7fc00000);
     }
     return;
   }
@@ -206,8 +201,8 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   picked = fmax(picked, 6.103515625e-5);
   if (lane < k) {
-    ids[row * k + lane] = chosen_id;
-    weights[row * k + lane] = static_cast<float>(chosen_p / picked);
+    row_ids[lane] = chosen_id;
+    row_w[lane] = static_cast<float>(chosen_p / picked);
 #pragma unroll
     for (int m = 0; m < ExpertPrefetch::kMax; ++m) {
       if (prefetch.base[m] == nullptr) continue;
@@ -215,6 +210,136 @@ __global__ void __launch_bounds__(kRouteThreads)
           static_cast<const char*>(prefetch.base[m]) + int64_t{chosen_id} * prefetch.stride[m],
           prefetch.bytes[m]);
     }
+  }
+}
+
+// One block of kRouteThreads per row: the shared expert's gate of the row (gate_inp null: none)
+// by the whole block, then the first warp routes the row (route_row_warp). (Counting every
+// expert's rank at once, a thread an expert, instead of the k rounds measured slower end to end
+// on the H200: 35B-A3B 347.8 -> 314.8 tok/s,
+// bench/results/h200-decode-small-kernels-2026-12-05.md.)
+template <int kPerLane>
+__global__ void __launch_bounds__(kRouteThreads)
+    route_block_kernel(const float* __restrict__ logits, int n_expert, int k,
+                       int32_t* __restrict__ ids, float* __restrict__ weights,
+                       const float* __restrict__ x, const float* __restrict__ gate_inp, int64_t dim,
+                       float* __restrict__ shared_scale, const ExpertPrefetch prefetch) {
+  pdl_launch_dependents();
+  pdl_wait();  // launched dependent (pdl.cuh): before any read
+  const int64_t row = blockIdx.x;
+  if (gate_inp) shared_gate_block(x + row * dim, gate_inp, dim, shared_scale + row);
+  if (threadIdx.x / 32 != 0) return;
+  route_row_warp<kPerLane>(logits + row * n_expert, n_expert, k, ids + row * k, weights + row * k,
+                           prefetch);
+}
+
+// The FFN's input norm, the router and the routing of a decode-sized step in one kernel. Grid
+// (G, n): the G blocks of row r each form x[r] + delta[r] and h = its rmsnorm * norm (the
+// arithmetic of elementwise.cu's rmsnorm_regs_kernel, so h is add_rmsnorm's bit for bit) into
+// shared memory, then the router logits of their experts (a warp an expert, fp32 weights asked
+// into L2 before the wait for the previous kernel). The row's last block to finish (a counter a
+// row, which it resets) writes x and h (only now: every block of the row has read x), the shared
+// expert's gate and the routing (route_block_kernel's).
+template <int NV, int kPerLane>
+__global__ void __launch_bounds__(kRouteThreads)
+    norm_route_kernel(float4* x, const float4* __restrict__ delta, const float4* __restrict__ norm,
+                      float eps, float4* __restrict__ h, int64_t dim4,
+                      const float4* __restrict__ router, int n_expert, float* __restrict__ logits,
+                      unsigned* __restrict__ counters, int k, int32_t* __restrict__ ids,
+                      float* __restrict__ weights, const float* __restrict__ gate_inp,
+                      float* __restrict__ shared_scale, const ExpertPrefetch prefetch) {
+  constexpr int kWarps = kRouteThreads / 32;
+  pdl_launch_dependents();
+  const int64_t row = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int first = blockIdx.x * kWarps;
+  if (threadIdx.x == 0 && first < n_expert) {
+    for (int e = first; e < n_expert; e += gridDim.x * kWarps)
+      l2_prefetch_range(router + e * dim4, int64_t{min(kWarps, n_expert - e)} * dim4 * 16);
+  }
+  pdl_wait();                      // x and delta come from the previous kernel
+  extern __shared__ float4 s_h[];  // [dim4]
+  __shared__ float s_warp[kWarps];
+  __shared__ bool s_last;
+  float4 v[NV], w[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kRouteThreads;
+    v[j] = x[row * dim4 + i];
+    w[j] = norm[i];
+    const float4 d = delta[row * dim4 + i];
+    v[j] = make_float4(v[j].x + d.x, v[j].y + d.y, v[j].z + d.z, v[j].w + d.w);
+  }
+  float ss = 0;
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+    ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+  ss = warp_sum(ss);
+  if (lane == 0) s_warp[warp] = ss;
+  __syncthreads();
+  float total = 0;
+#pragma unroll
+  for (int q = 0; q < kWarps; ++q) total += s_warp[q];
+  const float inv = 1.0f / sqrtf(total / (4 * dim4) + eps);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    s_h[threadIdx.x + j * kRouteThreads] = make_float4(
+        v[j].x * inv * w[j].x, v[j].y * inv * w[j].y, v[j].z * inv * w[j].z, v[j].w * inv * w[j].w);
+  }
+  __syncthreads();
+  for (int e = first + warp; e < n_expert; e += gridDim.x * kWarps) {
+    const float4* wr = router + e * dim4;
+    float acc = 0;
+#pragma unroll 8
+    for (int64_t i = lane; i < dim4; i += 32) {
+      const float4 a = wr[i], b = s_h[i];
+      acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) logits[row * n_expert + e] = acc;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(counters + row, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kRouteThreads;
+    x[row * dim4 + i] = v[j];
+    h[row * dim4 + i] = s_h[i];
+  }
+  if (threadIdx.x == 0) counters[row] = 0;  // ready for the next launch (graph replays too)
+  if (gate_inp) {
+    shared_gate_block(reinterpret_cast<const float*>(s_h), gate_inp, 4 * dim4, shared_scale + row);
+  }
+  if (warp != 0) return;
+  route_row_warp<kPerLane>(logits + row * n_expert, n_expert, k, ids + row * k, weights + row * k,
+                           prefetch);
+}
+
+// fn(std::integral_constant<int, nv>{}) for nv in 1..kNormRouteMaxVec (float4 of the row a thread).
+template <int NV = 1, class Fn>
+void with_norm_vec(int nv, Fn&& fn) {
+  if constexpr (NV < kNormRouteMaxVec) {
+    if (nv > NV) return with_norm_vec<NV + 1>(nv, fn);
+  }
+  fn(std::integral_constant<int, NV>{});
+}
+
+// fn(std::integral_constant<int, per_lane>{}) for the experts a lane holds in the routing warp
+// (n_expert <= 512).
+template <class Fn>
+void with_per_lane(int n_expert, Fn&& fn) {
+  if (n_expert <= 64) {
+    fn(std::integral_constant<int, 2>{});
+  } else if (n_expert <= 128) {
+    fn(std::integral_constant<int, 4>{});
+  } else if (n_expert <= 256) {
+    fn(std::integral_constant<int, 8>{});
+  } else {
+    fn(std::integral_constant<int, 16>{});
   }
 }
 
@@ -267,24 +392,45 @@ void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids
   if (k > n_expert || k > 32) {
     cuda_fail("moe: top-" + std::to_string(k) + " of " + std::to_string(n_expert) + " experts");
   }
-  auto launch = [&](auto per_lane) {
-    launch_dependent(route_block_kernel<decltype(per_lane)::value>, static_cast<unsigned>(n),
-                     kRouteThreads, 0, stream, logits, n_expert, k, ids, weights, x, gate_inp, dim,
-                     shared_scale, prefetch);
-  };
-  if (n_expert <= 64) {
-    launch(std::integral_constant<int, 2>{});
-  } else if (n_expert <= 128) {
-    launch(std::integral_constant<int, 4>{});
-  } else if (n_expert <= 256) {
-    launch(std::integral_constant<int, 8>{});
-  } else if (n_expert <= 512) {
-    launch(std::integral_constant<int, 16>{});
+  if (n_expert <= 512) {
+    with_per_lane(n_expert, [&](auto per_lane) {
+      launch_dependent(route_block_kernel<decltype(per_lane)::value>, static_cast<unsigned>(n),
+                       kRouteThreads, 0, stream, logits, n_expert, k, ids, weights, x, gate_inp,
+                       dim, shared_scale, prefetch);
+    });
   } else {
     if (gate_inp) cuda_fail("moe: a shared expert gate with more than 512 experts");
     route_kernel<<<static_cast<unsigned>(n), kRouteThreads, n_expert * sizeof(double), stream>>>(
         logits, n_expert, k, ids, weights);
   }
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+bool norm_route_fits(const NormRouteArgs& a) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.n >= 1 && a.n <= kNormRouteMaxRows && a.dim % (4 * kRouteThreads) == 0 &&
+         a.dim <= 4 * kRouteThreads * kNormRouteMaxVec && a.n_expert <= 512 && a.k <= 32 &&
+         a.k <= a.n_expert && aligned(a.x) && aligned(a.delta) && aligned(a.norm) && aligned(a.h) &&
+         a.router != nullptr && aligned(a.router) && a.counters != nullptr;
+}
+
+void moe_norm_route(const NormRouteArgs& a, cudaStream_t stream) {
+  if (!norm_route_fits(a)) cuda_fail("moe_norm_route: arguments outside what its kernel takes");
+  constexpr int kWarps = kRouteThreads / 32;
+  const unsigned blocks = static_cast<unsigned>(std::min((a.n_expert + kWarps - 1) / kWarps, 64));
+  const int64_t dim4 = a.dim / 4;
+  const size_t smem = static_cast<size_t>(dim4) * sizeof(float4);
+  with_per_lane(a.n_expert, [&](auto per_lane) {
+    with_norm_vec(static_cast<int>(a.dim / (4 * kRouteThreads)), [&](auto nv) {
+      launch_dependent(norm_route_kernel<decltype(nv)::value, decltype(per_lane)::value>,
+                       dim3(blocks, static_cast<unsigned>(a.n)), kRouteThreads, smem, stream,
+                       reinterpret_cast<float4*>(a.x), reinterpret_cast<const float4*>(a.delta),
+                       reinterpret_cast<const float4*>(a.norm), a.eps,
+                       reinterpret_cast<float4*>(a.h), dim4,
+                       reinterpret_cast<const float4*>(a.router), a.n_expert, a.logits, a.counters,
+                       a.k, a.ids, a.weights, a.gate_inp, a.shared_scale, a.prefetch);
+    });
+  });
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
