@@ -325,5 +325,65 @@ TEST(CudaMoe, AddRmsnormMoeEqualsItsTwoOps) {
   }
 }
 
+// The routed down with the weighted sum and the shared expert in one launch
+// (experts_down_combine) against the two launches it replaces (experts_down_pairs, then
+// moe_combine_pairs) on the same inputs: the same int8 activations and weights, the sum over
+// the pairs in another order (so within float rounding, not bit for bit). A token with an
+// expert id out of range (a NaN route) gives a NaN row; tokens 1..16, Q4_K and Q8_0 downs,
+// with and without a shared expert.
+TEST(CudaMoe, DownCombinedEqualsDownPairsThenCombine) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int n_expert = 32, k = 8;
+  const int64_t ff = 512, dim = 1024;
+  for (DType t : {DType::Q4_K, DType::Q8_0}) {
+    const cuda::HostWeight w = cuda::make_weight(t, ff, dim, n_expert, rng);
+    const cuda::PlacedWeight down = cuda::place_weight(w, t == DType::Q8_0);
+    for (int64_t n : {1, 3, 16}) {
+      for (bool with_shared : {true, false}) {
+        std::vector<float> mid(n * k * ff), weights(n * k), shared(n * dim), scale(n);
+        std::vector<int32_t> ids(n * k);
+        for (auto& v : mid) v = normal(rng);
+        for (auto& v : weights) v = 0.25f * std::fabs(normal(rng));
+        for (auto& v : shared) v = normal(rng);
+        for (auto& v : scale) v = 0.5f + 0.1f * normal(rng);
+        for (auto& v : ids) v = static_cast<int32_t>(rng() % n_expert);
+        if (n == 3) ids[1 * k + 5] = -1;  // token 1 routes nowhere
+        auto d_mid = cuda::to_device(mid.data(), mid.size() * 4);
+        auto d_w = cuda::to_device(weights.data(), weights.size() * 4);
+        auto d_shared = cuda::to_device(shared.data(), shared.size() * 4);
+        auto d_scale = cuda::to_device(scale.data(), scale.size() * 4);
+        auto d_ids = cuda::to_device(ids.data(), ids.size() * 4);
+        const auto* id_ptr = static_cast<const int32_t*>(d_ids->ptr);
+        const float* sh = with_shared ? d_shared->f() : nullptr;
+        auto pairs = cuda::poisoned(n * k * dim), want = cuda::poisoned(n * dim);
+        auto got = cuda::poisoned(n * dim);
+        ASSERT_TRUE(cuda::experts_down_pairs(down.m, id_ptr, k, d_mid->f(), pairs->f(), n, nullptr,
+                                             nullptr));
+        cuda::moe_combine_pairs(pairs->f(), d_w->f(), k, sh, d_scale->f(), want->f(), n, dim,
+                                nullptr);
+        ASSERT_TRUE(cuda::experts_down_combine(down.m, id_ptr, d_w->f(), k, d_mid->f(), sh,
+                                               d_scale->f(), got->f(), n, nullptr))
+            << dtype_name(t);
+        const std::vector<float> a = cuda::to_host(*got, n * dim),
+                                 b = cuda::to_host(*want, n * dim);
+        for (int64_t r = 0; r < n; ++r) {
+          const std::vector<float> ga(a.begin() + r * dim, a.begin() + (r + 1) * dim);
+          const std::vector<float> gb(b.begin() + r * dim, b.begin() + (r + 1) * dim);
+          const std::string at = std::string(dtype_name(t)) + ", " + std::to_string(n) +
+                                 " tokens, token " + std::to_string(r) +
+                                 (with_shared ? ", shared" : "");
+          if (n == 3 && r == 1) {
+            for (int64_t i = 0; i < dim; ++i) ASSERT_TRUE(std::isnan(ga[i])) << at << " col " << i;
+            continue;
+          }
+          EXPECT_LT(rel_l2(ga, gb), 1e-5) << at;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qwenrt::ops

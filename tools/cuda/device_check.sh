@@ -3,6 +3,8 @@
 # kernel micro-benchmarks and a profile of batch-1 decode on a full-size synthetic file, with the
 # binaries built here (build-cuda/) and the shared libraries the GPU image lacks (.carry/lib).
 #   bash tools/cuda/device_check.sh [tests] [micro] [profile] [prefill] [memory] [profile4k] [gemm] [all-tests]
+# tests: TEST_FILTER (default '*Cuda*:*cuda*'), TEST_TIMEOUT (s, default 300), TEST_LOG (log name
+# suffix) narrow a run.
 # prefill: prompt processing (512 and 4,096 tokens) of the 35B-A3B and 27B Q4_K_M files, timed and
 # then per op class (QWENRT_CUDA_PROFILE=1).
 # Results go to $OUT (the device tool brings them back).
@@ -18,7 +20,7 @@ trap 'for f in "$out"/tests-*.log; do [ -f "$f" ] && grep -E "^\[  (PASSED|FAILE
 for what in "$@"; do
   case $what in
     tests)
-      timeout 300 build-cuda/qwenrt_tests --gtest_filter='*Cuda*:*cuda*' 2>&1 | tee "$out/tests-cuda.log" |
+      timeout "${TEST_TIMEOUT:-300}" build-cuda/qwenrt_tests --gtest_filter="${TEST_FILTER:-*Cuda*:*cuda*}" 2>&1 | tee "$out/tests-cuda${TEST_LOG:+-$TEST_LOG}.log" |
         grep -E '^\[  (FAILED|PASSED|  OK) |^\[ RUN|Failure|Expected|Which is|actual|rel|\[cuda|\[parity' | tail -150 ;;
     all-tests)
       timeout 400 build-cuda/qwenrt_tests 2>&1 | tee "$out/tests-all.log" | grep -E '^\[  (FAILED|PASSED) |FAILED' | tail -60 ;;

@@ -43,8 +43,11 @@ namespace {
 constexpr int kThreads = 128;     // 4 warps per block, both kernels
 constexpr int kTileVectors = 16;  // query vectors per block (a decode row of 16 heads / 2 KV = 8)
 constexpr int kKeyTile = 32;      // keys per shared-memory tile: one key per lane for the scores
-constexpr int kMinChunk = 64;     // split: the fewest keys one chunk takes (2 key tiles)
-constexpr int kMaxSplits = 128;   // split: chunks per span at most (the combine's shared weights)
+// split: the fewest keys one chunk takes (one key tile; min_chunk()). 32 against 64: 35B-A3B
+// decode after a 512-token prompt 367.7 -> 375.3 tok/s on an H100 (twice the blocks for a short
+// context; bench/results/h100-decode-fusions-2026-12-06.md).
+constexpr int kMinChunk = 32;
+constexpr int kMaxSplits = 128;  // split: chunks per span at most (the combine's shared weights)
 // split: chunks are counted so that a step of few decode rows still has ~2 blocks per SM of an
 // H200 (132 SMs) per KV head; batches of many rows need fewer chunks to fill the GPU.
 constexpr int kSplitBlocksTarget = 256;
@@ -95,6 +98,7 @@ struct KernelArgs {
   float* part_acc;
   float* part_ml;
   int n_splits;
+  int min_chunk;  // split: the fewest keys a chunk takes (whole key tiles)
   int part_rows;
   int tiles_per_span;  // tiles launch: the grid's tile bound
 };
@@ -105,11 +109,11 @@ __device__ __forceinline__ bool is_split_span(int count, int group) {
 }
 
 // Keys per chunk of a split span with n_kv keys: balanced over the n_splits blocks, whole key
-// tiles, at least kMinChunk (a short context leaves the chunks beyond it idle).
-__device__ __forceinline__ int split_chunk(int n_kv, int n_splits) {
+// tiles, at least min_chunk (a short context leaves the chunks beyond it idle).
+__device__ __forceinline__ int split_chunk(int n_kv, int n_splits, int min_chunk) {
   int chunk = (n_kv + n_splits - 1) / n_splits;
   chunk = (chunk + kKeyTile - 1) / kKeyTile * kKeyTile;
-  return max(chunk, kMinChunk);
+  return max(chunk, min_chunk);
 }
 
 // Waits until at most n of this thread's committed groups are still in flight.
@@ -171,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
   bool writes_kv;
   if constexpr (kSplit) {
     if (!is_split_span(sp.count, G)) return;
-    const int chunk = split_chunk(n_kv, a.n_splits);
+    const int chunk = split_chunk(n_kv, a.n_splits, a.min_chunk);
     key_begin = blockIdx.x * chunk;
     if (key_begin >= n_kv) return;  // a chunk beyond this context
     key_end = min(n_kv, key_begin + chunk);
@@ -405,7 +409,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
   const Span sp = a.spans[s];
   if (!is_split_span(sp.count, G)) return;
   const int n_kv = sp.n_past + sp.count;
-  const int n_active = (n_kv + split_chunk(n_kv, a.n_splits) - 1) / split_chunk(n_kv, a.n_splits);
+  const int chunk = split_chunk(n_kv, a.n_splits, a.min_chunk);
+  const int n_active = (n_kv + chunk - 1) / chunk;
   const int n_vec = sp.count * G;
   const int64_t span_base = int64_t{s} * a.n_splits * a.part_rows * a.n_head;
   const int64_t split_stride = int64_t{a.part_rows} * a.n_head;
@@ -450,10 +455,21 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
   }
 }
 
+// The fewest keys a split chunk takes: kMinChunk, or QWENRT_CUDA_ATTN_MIN_CHUNK (rounded up to
+// whole key tiles).
+int min_chunk() {
+  static const int chunk = [] {
+    const char* v = std::getenv("QWENRT_CUDA_ATTN_MIN_CHUNK");
+    const int c = v && *v ? std::atoi(v) : kMinChunk;
+    return std::clamp((c + kKeyTile - 1) / kKeyTile * kKeyTile, kKeyTile, 1 << 20);
+  }();
+  return chunk;
+}
+
 // Chunks per split span: enough blocks to fill the GPU for a few decode rows, never more than a
-// kMinChunk-key chunk of the longest context the slots can hold. Host-known bounds only.
+// min_chunk()-key chunk of the longest context the slots can hold. Host-known bounds only.
 int split_count(const DeviceStep& step) {
-  const int64_t by_length = std::max<int64_t>(1, (step.max_tokens + kMinChunk - 1) / kMinChunk);
+  const int64_t by_length = std::max<int64_t>(1, (step.max_tokens + min_chunk() - 1) / min_chunk());
   const int64_t by_occupancy =
       (kSplitBlocksTarget + std::max(step.n_spans, 1) - 1) / std::max(step.n_spans, 1);
   return static_cast<int>(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
@@ -503,6 +519,7 @@ void launch(const DeviceStep& step, const AttentionArgs& args, void* workspace,
                       .part_acc = part_acc,
                       .part_ml = part_ml,
                       .n_splits = n_splits,
+                      .min_chunk = min_chunk(),
                       .part_rows = part_rows,
                       .tiles_per_span = static_cast<int>(tiles)};
   constexpr size_t smem = Smem<D>::kBytes;

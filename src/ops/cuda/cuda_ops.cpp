@@ -75,6 +75,7 @@ class CudaOps final : public Ops {
     }
     prefetcher_ = std::make_unique<cuda::L2Prefetcher>(device);
     norm_route_ = env_flag("QWENRT_CUDA_NORM_ROUTE", true);
+    down_combine_ = env_flag("QWENRT_CUDA_DOWN_COMBINE", true);
     drop_ = parse_drop(std::getenv("QWENRT_CUDA_DROP"));
     constexpr size_t kCounterBytes = cuda::kNormRouteMaxRows * sizeof(unsigned);
     QWENRT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&route_counters_), kCounterBytes));
@@ -507,6 +508,15 @@ class CudaOps final : public Ops {
     }
     const bool experts = !dropped(kDropExperts);
     if (experts) cuda::experts_swiglu(gate, up, ids, k, x, mid, n, ws_, stream_);
+    // The routed down, the weighted sum and the shared expert in one launch where it fits
+    // (QWENRT_CUDA_DOWN_COMBINE=0: the down pairs, then the combine).
+    if (down_combine_ && experts && !dropped(kDropCombine)) {
+      if (shared && !dropped(kDropShared))
+        QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+      if (cuda::experts_down_combine(down, ids, weights, k, mid, sout, shared_scale, out, n,
+                                     stream_))
+        return;
+    }
     // Each routed expert's down on its own warps, summed with the shared expert in the combine;
     // the looping kernel where the type has no staged path.
     if (!experts || cuda::experts_down_pairs(down, ids, k, mid, pairs, n, ws_, stream_)) {
@@ -1156,6 +1166,7 @@ class CudaOps final : public Ops {
   // GEMVs' 1,273 / 1,449 / 1,627. QWENRT_CUDA_GROUPED_ROWS sets both.
   int64_t mmq_min_rows_ = 16;
   bool norm_route_ = true;              // add_rmsnorm_moe fused (QWENRT_CUDA_NORM_ROUTE)
+  bool down_combine_ = true;            // experts_down_combine (QWENRT_CUDA_DOWN_COMBINE)
   unsigned drop_ = 0;                   // QWENRT_CUDA_DROP's kernel classes
   unsigned* route_counters_ = nullptr;  // moe_norm_route's kNormRouteMaxRows counters
   Mode mode_ = Mode::kEager;

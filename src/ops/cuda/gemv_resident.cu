@@ -39,8 +39,14 @@ constexpr int kResMaxSlices = 18;  // rows up to 18432 wide (the 27B's FFN rows 
 // The four shapes of work: matmul / matmul_group (jobs), a dense SwiGLU (gate and up rows
 // together), routed experts' gate/up (rows pair * ff + row of expert ids[pair]), and routed
 // experts' down per pair (blockIdx.y = pair p: rows of expert ids[p] against x row p, written to
-// y row p).
-enum ResidentMode { kResJobs = 0, kResSwiglu = 1, kResExperts = 2, kResPairs = 3 };
+// y row p), and routed experts' down summed over a token's pairs (kResCombine below).
+enum ResidentMode { kResJobs = 0, kResSwiglu = 1, kResExperts = 2, kResPairs = 3, kResCombine = 4 };
+// kResCombine: blockIdx.y = token t. Row r of its output is one row of k * ff elements: expert
+// ids[t k + j]'s down row r for j = 0..k-1 side by side, against the token's k hidden rows x
+// [t k .. t k + k, ff] side by side, whose block scales the block multiplies by the routing
+// weights w[t k + j] after quantising them. So the row's dot is sum_j w_j (down_j row r . x_j),
+// the weighted sum over the pairs; the store adds shared_scale[t] * shared[t, r]. ff is a
+// multiple of 256 (a pair's row is whole superblocks).
 
 struct ResidentArgs {
   const uint8_t* data[kMaxJobs];
@@ -61,11 +67,15 @@ struct ResidentArgs {
   int max_groups;         // row groups a block visits, at most (the partials' shared memory)
   int stages;             // streamed kernel: stages of its shared-memory ring
   int64_t stage_bytes;    // bytes a stage (NM x R rows of row_bytes[0], rounded up to 128)
+  int k;                  // kResCombine: pairs a token
+  const float* weights;   // kResCombine: routing weights [tokens, k]
+  const float* shared;    // kResCombine: the shared expert's output [tokens, total_rows], or null
+  const float* shared_scale;  // kResCombine: its gate [tokens]
 };
 
 template <int MODE>
 constexpr int resident_mats() {
-  return MODE == kResJobs || MODE == kResPairs ? 1 : 2;
+  return MODE == kResJobs || MODE == kResPairs || MODE == kResCombine ? 1 : 2;
 }
 // Rows a warp has in flight beyond the one it computes: with one unit a lane there are registers
 // for three (two with two matrices); with more units a lane, one.
@@ -101,12 +111,25 @@ __device__ __forceinline__ bool resident_rows(const ResidentArgs& a, int64_t r,
     ptr[0] = a.data[0] + e * a.expert_bytes[0] + row * a.row_bytes[0];
     ptr[1] = a.data[1] + e * a.expert_bytes[1] + row * a.row_bytes[1];
     return true;
-  } else {
+  } else if constexpr (MODE == kResPairs) {
     const int32_t e = a.ids[blockIdx.y];
     if (e < 0 || e >= a.n_expert) return false;
     ptr[0] = a.data[0] + e * a.expert_bytes[0] + r * a.row_bytes[0];
     return true;
+  } else {  // kResCombine: row r of every pair's expert; resident_load places the units
+    ptr[0] = a.data[0] + r * a.row_bytes[0];
+    return true;
   }
+}
+
+// kResCombine: whether every one of the token's k expert ids is in range.
+__device__ __forceinline__ bool combine_ids_ok(const ResidentArgs& a) {
+  bool ok = true;
+  for (int j = 0; j < a.k; ++j) {
+    const int32_t e = a.ids[int64_t{blockIdx.y} * a.k + j];
+    ok = ok && e >= 0 && e < a.n_expert;
+  }
+  return ok;
 }
 
 template <int MODE>
@@ -118,6 +141,11 @@ __device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
     a.y[j][r - a.first_row[j]] = v[0];
   } else if constexpr (MODE == kResPairs) {
     a.y[0][blockIdx.y * a.total_rows + r] = ok ? v[0] : __int_as_float(0x7fc00000);
+  } else if constexpr (MODE == kResCombine) {
+    const int64_t i = blockIdx.y * a.total_rows + r;
+    float out = v[0];
+    if (a.shared) out += a.shared_scale[blockIdx.y] * a.shared[i];
+    a.y[0][i] = ok ? out : __int_as_float(0x7fc00000);
   } else {
     a.y[0][r] = ok ? silu(v[0]) * v[1] : __int_as_float(0x7fc00000);
   }
@@ -145,6 +173,8 @@ __device__ __forceinline__ void resident_store_partials(const ResidentArgs& a, c
     if constexpr (MODE == kResExperts || MODE == kResPairs) {
       const int32_t e = a.ids[MODE == kResExperts ? row / a.ff : int64_t{blockIdx.y}];
       row_ok = e >= 0 && e < a.n_expert;
+    } else if constexpr (MODE == kResCombine) {
+      row_ok = combine_ids_ok(a);
     }
     resident_store<MODE>(a, row, v, row_ok);
   }
@@ -223,10 +253,31 @@ struct LaneActs {
   }
 };
 
+// kResCombine: where unit u0 + 32 i of a lane lies in any row, past the row's start: its pair's
+// expert and its superblock within that expert's row (the same for every row the lane visits;
+// 0 where the unit is past the row). False: one of the token's expert ids is out of range.
+template <class T, int UPL>
+__device__ __forceinline__ bool combine_offsets(const ResidentArgs& a, int u0, int n_units,
+                                                int64_t (&off)[UPL]) {
+  const int sb_per_pair = a.in / a.k / T::kElems;
+#pragma unroll
+  for (int i = 0; i < UPL; ++i) {
+    const int u = u0 + 32 * i;
+    off[i] = 0;
+    if (u >= n_units) continue;
+    const int b = u / T::kUnits;
+    const int32_t e = a.ids[int64_t{blockIdx.y} * a.k + b / sb_per_pair];
+    if (e < 0 || e >= a.n_expert) return false;
+    off[i] = e * a.expert_bytes[0] + int64_t{b % sb_per_pair} * T::kBytes;
+  }
+  return true;
+}
+
 template <class T, int UPL, int MODE>
 __device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, int u0, int j,
                                               int n_units,
-                                              typename T::Unit (&w)[resident_mats<MODE>()][UPL]) {
+                                              typename T::Unit (&w)[resident_mats<MODE>()][UPL],
+                                              const int64_t (&unit_off)[UPL]) {
   constexpr int NM = resident_mats<MODE>();
   const uint8_t* ptr[NM];
   if (!resident_rows<MODE>(a, r, ptr)) return false;
@@ -235,7 +286,10 @@ __device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, 
 #pragma unroll
     for (int i = 0; i < UPL; ++i) {
       const int u = u0 + 32 * i;
-      if (u < n_units) w[m][i] = T::load(ptr[m] + (u / T::kUnits) * T::kBytes, j);
+      if (u < n_units) {
+        w[m][i] = MODE == kResCombine ? T::load(ptr[m] + unit_off[i], j)
+                                      : T::load(ptr[m] + (u / T::kUnits) * T::kBytes, j);
+      }
     }
   }
   return true;
@@ -264,23 +318,36 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
   pdl_launch_dependents();
   typename T::Unit w[NB][NM][UPL];
   bool ok[NB];
+  int64_t unit_off[UPL] = {};  // kResCombine
+  bool ids_ok = true;
   auto load_ahead = [&]() {
 #pragma unroll
     for (int q = 0; q < DEPTH; ++q) {
       const int64_t r = r0 + q * stride;
-      ok[q] = r < a.total_rows && resident_load<T, UPL, MODE>(a, r, u0, j, n_units, w[q]);
+      ok[q] = ids_ok && r < a.total_rows &&
+              resident_load<T, UPL, MODE>(a, r, u0, j, n_units, w[q], unit_off);
     }
   };
   // Expert ids come from an earlier kernel (not necessarily finished before the previous one).
-  constexpr bool kIds = MODE == kResExperts || MODE == kResPairs;
+  constexpr bool kIds = MODE == kResExperts || MODE == kResPairs || MODE == kResCombine;
   if constexpr (!kIds) load_ahead();
   pdl_wait();
+  // Every lane checks all of the token's ids: a row with any out of range is NaN as a whole.
+  if constexpr (MODE == kResCombine)
+    ids_ok = combine_ids_ok(a) && combine_offsets<T, UPL>(a, u0, n_units, unit_off);
   if constexpr (kIds) load_ahead();
 
   if (a.xq == nullptr) {
-    const float* x = MODE == kResPairs ? a.x + int64_t{blockIdx.y} * a.in : a.x;
+    const float* x =
+        MODE == kResPairs || MODE == kResCombine ? a.x + int64_t{blockIdx.y} * a.in : a.x;
     quantise_x_shared(x, a.in, sq, sd, threadIdx.x, blockDim.x);
     __syncthreads();
+    if constexpr (MODE == kResCombine) {  // each pair's block scales times its routing weight
+      const int blocks_per_pair = a.in / a.k / qb::kActBlock;
+      for (int b = threadIdx.x; b < a.in / qb::kActBlock; b += blockDim.x)
+        sd[b] *= a.weights[int64_t{blockIdx.y} * a.k + b / blocks_per_pair];
+      __syncthreads();
+    }
   }
   LaneActs<T, UPL> act;
   act.load(a.xq ? a.xq : sq, a.xq ? a.xd : sd, u0, j, n_units);
@@ -297,8 +364,8 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
       {
         const int ahead = (q + DEPTH) % NB;
         const int64_t rn = r + DEPTH * stride;
-        ok[ahead] =
-            rn < a.total_rows && resident_load<T, UPL, MODE>(a, rn, u0, j, n_units, w[ahead]);
+        ok[ahead] = ids_ok && rn < a.total_rows &&
+                    resident_load<T, UPL, MODE>(a, rn, u0, j, n_units, w[ahead], unit_off);
       }
       float acc[NM] = {};
       if (ok[q]) {
@@ -525,7 +592,9 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   constexpr int NM = resident_mats<MODE>();
   // Measured (bench/results/h200-decode-stream.md): faster on rows of 5120 and more (the 27B's
   // projections and FFN), slower on the 35B-A3B's 2048-wide rows and routed experts.
-  if (MODE == kResExperts || MODE == kResPairs || a.in < kStreamMinIn || !stream_on()) return false;
+  if (MODE == kResExperts || MODE == kResPairs || MODE == kResCombine || a.in < kStreamMinIn ||
+      !stream_on())
+    return false;
   static const int warps = stream_env("QWENRT_CUDA_STREAM_WARPS", 8, 1, kStreamMaxWarps);
   static const int ring_kb = stream_env("QWENRT_CUDA_STREAM_KB", 32, 8, 200);
   const int64_t rb = a.row_bytes[0];
@@ -768,6 +837,30 @@ bool resident_experts_down_pairs(const MatArg& d, const int32_t* ids, const floa
   a.ids = ids;
   a.n_expert = d.n_expert;
   return resident<kResPairs>(d, a, nullptr, stream, static_cast<unsigned>(n_pairs));
+}
+
+bool resident_experts_down_combine(const MatArg& d, const int32_t* ids, const float* weights, int k,
+                                   const float* x, int64_t ff, const float* shared,
+                                   const float* shared_scale, float* y, int64_t n,
+                                   cudaStream_t stream) {
+  // Each pair's row whole superblocks; the token's k rows quantised in the kernel.
+  if (ff % 256 != 0 || k < 1 || k * ff > kResQuantiseInKernelMax || n < 1 || n > 65535)
+    return false;
+  ResidentArgs a{};
+  a.data[0] = d.data;
+  a.row_bytes[0] = d.row_bytes;
+  a.expert_bytes[0] = d.expert_bytes;
+  a.y[0] = y;
+  a.x = x;
+  a.in = static_cast<int>(k * ff);
+  a.total_rows = d.out;
+  a.ids = ids;
+  a.n_expert = d.n_expert;
+  a.k = k;
+  a.weights = weights;
+  a.shared = shared;
+  a.shared_scale = shared_scale;
+  return resident<kResCombine>(d, a, nullptr, stream, static_cast<unsigned>(n));
 }
 
 }  // namespace qwenrt::ops::cuda::mm

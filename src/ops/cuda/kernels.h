@@ -90,6 +90,13 @@ void experts_down(const Matrix& down, const int32_t* ids, const float* weights, 
 // them). False, having launched nothing, where the type or layout has no such kernel.
 bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const float* x,
                         float* y_pairs, int64_t n, void* workspace, cudaStream_t stream);
+// experts_down_pairs and moe_combine_pairs in one launch (decode-sized steps): y [n, out] =
+// sum_j weights[r k + j] (x[r k + j] @ Wd[ids[r k + j]]^T) + shared_scale[r] shared[r] (shared
+// null: no shared expert). False, having launched nothing, where it has no kernel (the resident
+// GEMV's types, ff a multiple of 256, k ff <= 8192, n k <= 128).
+bool experts_down_combine(const Matrix& down, const int32_t* ids, const float* weights, int k,
+                          const float* x, const float* shared, const float* shared_scale, float* y,
+                          int64_t n, cudaStream_t stream);
 // out [n, in] = rows tokens[0..n) of table (ref::embed_rows; ids are checked on the host).
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
                 cudaStream_t stream);

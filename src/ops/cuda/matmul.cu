@@ -711,6 +711,16 @@ bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const flo
   return true;
 }
 
+bool experts_down_combine(const Matrix& down, const int32_t* ids, const float* weights, int k,
+                          const float* x, const float* shared, const float* shared_scale, float* y,
+                          int64_t n, cudaStream_t stream) {
+  if (n <= 0) return true;
+  if (!is_quantised(down.dtype) || n * k > kResidentPairsMax) return false;
+  const MatArg d = mat_arg(down, x, "experts_down_combine");
+  return resident_experts_down_combine(d, ids, weights, k, x, down.in, shared, shared_scale, y, n,
+                                       stream);
+}
+
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
                 cudaStream_t stream) {
   if (n <= 0) return;

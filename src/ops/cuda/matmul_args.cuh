@@ -155,6 +155,13 @@ bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* id
 // y [n_pairs, d.out]: row p = expert ids[p]'s down over x row p (each row quantised in the kernel).
 bool resident_experts_down_pairs(const MatArg& d, const int32_t* ids, const float* x, int64_t in,
                                  int64_t n_pairs, float* y, cudaStream_t stream);
+// y [n, d.out]: row t = sum_j weights[t k + j] (x[t k + j] @ down[ids[t k + j]]^T) +
+// shared_scale[t] shared[t] (shared null: none), x [n k, ff]; false (nothing launched) where the
+// resident kernel does not take it (ff not whole superblocks, k ff over 8192, the type).
+bool resident_experts_down_combine(const MatArg& d, const int32_t* ids, const float* weights, int k,
+                                   const float* x, int64_t ff, const float* shared,
+                                   const float* shared_scale, float* y, int64_t n,
+                                   cudaStream_t stream);
 
 // ---- gemm.cu: prefill GEMM on cuBLAS (weights expanded a chunk of rows at a time) ----
 // Whether a matmul of n rows of W runs as a GEMM (n >= QWENRT_CUDA_GEMM_ROWS, default 32; 0: never;
