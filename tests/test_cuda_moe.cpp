@@ -37,16 +37,19 @@ using testing_support::rel_l2;
 // (tests/test_cpu_moe.cpp measured 1.6e-2 .. 1.9e-2 there); a wrong row or expert gives > 1e-1.
 constexpr double kTol = 3e-2;
 
-void check_case(const MoeCase& c) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937 rng(7 + c.n_expert * 3 + c.k);
+// A case's random weights: `tensors` owns their bytes, `host` views them.
+struct CaseWeights {
   std::vector<Tensor> tensors;
-  tensors.reserve(9);
-  auto add = [&](const char* name, DType t, int64_t in, int64_t out, int64_t n_mat, float s) {
-    tensors.push_back(quantized_tensor(name, t, in, out, n_mat, s, rng));
-    return tensors.back().w;
-  };
   MoeWeights host;
+};
+CaseWeights case_weights(const MoeCase& c, std::mt19937& rng) {
+  CaseWeights cw;
+  cw.tensors.reserve(10);
+  auto add = [&](const char* name, DType t, int64_t in, int64_t out, int64_t n_mat, float s) {
+    cw.tensors.push_back(quantized_tensor(name, t, in, out, n_mat, s, rng));
+    return cw.tensors.back().w;
+  };
+  MoeWeights& host = cw.host;
   host.router = add("router", DType::F32, c.dim, c.n_expert, 1, 0.2f);
   if (c.fused) {
     host.gate_up_exps = add("gate_up_exps", c.gate_up, c.dim, 2 * c.ff, c.n_expert, 0.05f);
@@ -61,12 +64,26 @@ void check_case(const MoeCase& c) {
     host.shared_up = add("shared_up", c.shared_gate_up, c.dim, c.sff, 1, 0.05f);
     host.shared_down = add("shared_down", c.shared_down, c.sff, c.dim, 1, 0.05f);
   }
-  auto ops = make_cuda_ops();
+  return cw;
+}
+
+// Every tensor of host placed on ops.
+MoeWeights placed(Ops& ops, const MoeWeights& host) {
   MoeWeights dev = host;
   for (Weight* w : {&dev.router, &dev.gate_exps, &dev.up_exps, &dev.gate_up_exps, &dev.down_exps,
                     &dev.shared_gate_inp, &dev.shared_gate, &dev.shared_up, &dev.shared_down}) {
-    *w = ops->place(*w);
+    *w = ops.place(*w);
   }
+  return dev;
+}
+
+void check_case(const MoeCase& c) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(7 + c.n_expert * 3 + c.k);
+  const CaseWeights cw = case_weights(c, rng);
+  const MoeWeights& host = cw.host;
+  auto ops = make_cuda_ops();
+  const MoeWeights dev = placed(*ops, host);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t n : {1, 3, 8, 40, 130}) {  // 40, 130: the int8 grouped experts (from 16 rows)
     std::vector<float> x(n * c.dim);
@@ -264,28 +281,12 @@ TEST(CudaMoe, AddRmsnormMoeEqualsItsTwoOps) {
   std::mt19937 rng(29);
   const MoeCase c{256,  8,           1024,        256,         256,        false,
                   true, DType::Q4_K, DType::Q4_K, DType::Q8_0, DType::Q8_0};
-  std::vector<Tensor> tensors;
-  tensors.reserve(10);
-  auto add = [&](const char* name, DType t, int64_t in, int64_t out, int64_t n_mat, float s) {
-    tensors.push_back(quantized_tensor(name, t, in, out, n_mat, s, rng));
-    return tensors.back().w;
-  };
-  MoeWeights host;
-  host.router = add("router", DType::F32, c.dim, c.n_expert, 1, 0.2f);
-  host.gate_exps = add("gate_exps", c.gate_up, c.dim, c.ff, c.n_expert, 0.05f);
-  host.up_exps = add("up_exps", c.gate_up, c.dim, c.ff, c.n_expert, 0.05f);
-  host.down_exps = add("down_exps", c.down, c.ff, c.dim, c.n_expert, 0.05f);
-  host.shared_gate_inp = add("shared_gate_inp", DType::F32, c.dim, 1, 1, 0.1f);
-  host.shared_gate = add("shared_gate", c.shared_gate_up, c.dim, c.sff, 1, 0.05f);
-  host.shared_up = add("shared_up", c.shared_gate_up, c.dim, c.sff, 1, 0.05f);
-  host.shared_down = add("shared_down", c.shared_down, c.sff, c.dim, 1, 0.05f);
-  const Weight norm_host = add("norm", DType::F32, c.dim, 1, 1, 1.0f);
+  CaseWeights cw = case_weights(c, rng);
+  const MoeWeights& host = cw.host;
+  cw.tensors.push_back(quantized_tensor("norm", DType::F32, c.dim, 1, 1, 1.0f, rng));
+  const Weight norm_host = cw.tensors.back().w;
   auto ops = make_cuda_ops();
-  MoeWeights dev = host;
-  for (Weight* w : {&dev.router, &dev.gate_exps, &dev.up_exps, &dev.down_exps, &dev.shared_gate_inp,
-                    &dev.shared_gate, &dev.shared_up, &dev.shared_down}) {
-    *w = ops->place(*w);
-  }
+  const MoeWeights dev = placed(*ops, host);
   const Weight norm = ops->place(norm_host);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t n : {1, 3, 16, 17}) {  // 17: past the fused kernel's rows

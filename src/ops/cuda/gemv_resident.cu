@@ -778,6 +778,21 @@ ResidentArgs gate_up_args(const MatArg& g, const MatArg& u, const float* x, int6
   return a;
 }
 
+// The arguments of the routed down modes: rows of expert ids[.]'s down against rows of x of `in`.
+ResidentArgs down_args(const MatArg& d, const int32_t* ids, const float* x, int64_t in, float* y) {
+  ResidentArgs a{};
+  a.data[0] = d.data;
+  a.row_bytes[0] = d.row_bytes;
+  a.expert_bytes[0] = d.expert_bytes;
+  a.y[0] = y;
+  a.x = x;
+  a.in = static_cast<int>(in);
+  a.total_rows = d.out;
+  a.ids = ids;
+  a.n_expert = d.n_expert;
+  return a;
+}
+
 }  // namespace
 
 bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
@@ -826,17 +841,8 @@ bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* id
 bool resident_experts_down_pairs(const MatArg& d, const int32_t* ids, const float* x, int64_t in,
                                  int64_t n_pairs, float* y, cudaStream_t stream) {
   if (in > (1 << 20) || n_pairs < 1 || n_pairs > 65535) return false;
-  ResidentArgs a{};
-  a.data[0] = d.data;
-  a.row_bytes[0] = d.row_bytes;
-  a.expert_bytes[0] = d.expert_bytes;
-  a.y[0] = y;
-  a.x = x;
-  a.in = static_cast<int>(in);
-  a.total_rows = d.out;
-  a.ids = ids;
-  a.n_expert = d.n_expert;
-  return resident<kResPairs>(d, a, nullptr, stream, static_cast<unsigned>(n_pairs));
+  return resident<kResPairs>(d, down_args(d, ids, x, in, y), nullptr, stream,
+                             static_cast<unsigned>(n_pairs));
 }
 
 bool resident_experts_down_combine(const MatArg& d, const int32_t* ids, const float* weights, int k,
@@ -846,16 +852,7 @@ bool resident_experts_down_combine(const MatArg& d, const int32_t* ids, const fl
   // Each pair's row whole superblocks; the token's k rows quantised in the kernel.
   if (ff % 256 != 0 || k < 1 || k * ff > kResQuantiseInKernelMax || n < 1 || n > 65535)
     return false;
-  ResidentArgs a{};
-  a.data[0] = d.data;
-  a.row_bytes[0] = d.row_bytes;
-  a.expert_bytes[0] = d.expert_bytes;
-  a.y[0] = y;
-  a.x = x;
-  a.in = static_cast<int>(k * ff);
-  a.total_rows = d.out;
-  a.ids = ids;
-  a.n_expert = d.n_expert;
+  ResidentArgs a = down_args(d, ids, x, k * ff, y);
   a.k = k;
   a.weights = weights;
   a.shared = shared;
