@@ -255,9 +255,9 @@ struct LaneActs {
 
 // kResCombine: where unit u0 + 32 i of a lane lies in any row, past the row's start: its pair's
 // expert and its superblock within that expert's row (the same for every row the lane visits;
-// 0 where the unit is past the row). False: one of the token's expert ids is out of range.
+// 0 where the unit is past the row). The token's ids are in range (combine_ids_ok).
 template <class T, int UPL>
-__device__ __forceinline__ bool combine_offsets(const ResidentArgs& a, int u0, int n_units,
+__device__ __forceinline__ void combine_offsets(const ResidentArgs& a, int u0, int n_units,
                                                 int64_t (&off)[UPL]) {
   const int sb_per_pair = a.in / a.k / T::kElems;
 #pragma unroll
@@ -267,10 +267,8 @@ __device__ __forceinline__ bool combine_offsets(const ResidentArgs& a, int u0, i
     if (u >= n_units) continue;
     const int b = u / T::kUnits;
     const int32_t e = a.ids[int64_t{blockIdx.y} * a.k + b / sb_per_pair];
-    if (e < 0 || e >= a.n_expert) return false;
     off[i] = e * a.expert_bytes[0] + int64_t{b % sb_per_pair} * T::kBytes;
   }
-  return true;
 }
 
 template <class T, int UPL, int MODE>
@@ -333,8 +331,10 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
   if constexpr (!kIds) load_ahead();
   pdl_wait();
   // Every lane checks all of the token's ids: a row with any out of range is NaN as a whole.
-  if constexpr (MODE == kResCombine)
-    ids_ok = combine_ids_ok(a) && combine_offsets<T, UPL>(a, u0, n_units, unit_off);
+  if constexpr (MODE == kResCombine) {
+    ids_ok = combine_ids_ok(a);
+    if (ids_ok) combine_offsets<T, UPL>(a, u0, n_units, unit_off);
+  }
   if constexpr (kIds) load_ahead();
 
   if (a.xq == nullptr) {
