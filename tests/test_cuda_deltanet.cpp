@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/cuda/kernels.h"
 #include "ops/ops.h"
 #include "ops/ref/kernels.h"
 #include "support/model_files.h"
@@ -315,6 +316,76 @@ TEST_P(CudaDeltaNet, MatchesReference) {
   for (size_t s = 0; s < c.counts.size(); ++s) n_past2.push_back(n_past[s] + c.counts[s]);
   run_step(layer, make_step(std::vector<int>(c.counts.size(), 1), c.slots, n_past2, n_slots),
            states, rng, "step2_decode", c.form);
+}
+
+// A decode step with the conv folded into the delta rule's launch (the default) against the same
+// step on a backend that runs the conv launch first (QWENRT_CUDA_FUSED_CONV=0): out, the conv
+// state and the delta state bit for bit (the same arithmetic), over two steps in a row (the
+// second reuses the completion counters the first must have left zero).
+TEST(CudaDeltaNetFoldedConv, EqualsTheConvLaunchBitForBit) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  static Ops* unfolded = [] {
+    setenv("QWENRT_CUDA_FUSED_CONV", "0", 1);
+    Ops* ops = make_cuda_ops().release();
+    unsetenv("QWENRT_CUDA_FUSED_CONV");
+    return ops;
+  }();
+  std::mt19937_64 rng(77);
+  const Layer l(16, 32, 128, rng);  // Qwen3.6's heads: two V heads a K head
+  const std::vector<int> slots = {2, 0, 3};
+  const int n_slots = 5;
+  std::mt19937_64 rng_a(5), rng_b(5);
+  States a(l, n_slots, false, rng_a), b(l, n_slots, false, rng_b);
+  std::vector<int> n_past = {40, 7, 300};
+  for (int step_i = 0; step_i < 2; ++step_i) {
+    SCOPED_TRACE(step_i);
+    const Step step = make_step({1, 1, 1}, slots, n_past, n_slots);
+    const int64_t n = step.n();
+    gpu().reset_workspace();
+    gpu().begin_step(step.layout(DeltaNetMode::kAuto));
+    const float* qkv = to_device(randn(n * l.C, rng));
+    const float* z = to_device(randn(n * l.nv, rng));
+    const float* alpha = to_device(randn(n * l.hv, rng));
+    const float* beta = to_device(randn(n * l.hv, rng));
+    float* out_a = to_device(std::vector<float>(n * l.nv, NAN));
+    float* out_b = to_device(std::vector<float>(n * l.nv, NAN));
+    auto args = [&](const States& st, float* out) {
+      return DeltaNetArgs{.qkv = qkv,
+                          .z = z,
+                          .alpha = alpha,
+                          .beta = beta,
+                          .conv = l.gpu_conv,
+                          .dt_bias = l.gpu_dt_bias,
+                          .a = l.gpu_a,
+                          .norm = l.gpu_norm,
+                          .state = st.device,
+                          .out = out,
+                          .n_k_heads = l.hk,
+                          .n_v_heads = l.hv,
+                          .head_dim = l.d,
+                          .eps = kEps};
+    };
+    cuda::DeviceStep shape;  // the bounds deltanet's choice reads
+    shape.n = n;
+    shape.n_spans = static_cast<int>(step.spans.size());
+    shape.max_span_count = 1;
+    ASSERT_EQ(cuda::deltanet_fused_conv_counters(shape, args(a, out_a)), 3 * l.hk)
+        << "a decode step of these heads folds the conv";
+    gpu().deltanet(args(a, out_a));
+    const auto got_a = to_host(out_a, n * l.nv);
+    unfolded->reset_workspace();
+    unfolded->begin_step(step.layout(DeltaNetMode::kAuto));
+    unfolded->deltanet(args(b, out_b));
+    std::vector<float> got_b(n * l.nv);
+    unfolded->download(out_b, got_b.data(), n * l.nv);
+    EXPECT_TRUE(std::none_of(got_a.begin(), got_a.end(), [](float x) { return std::isnan(x); }));
+    EXPECT_EQ(got_a, got_b) << "out";
+    EXPECT_EQ(to_host(a.device.conv, a.conv_floats), to_host(b.device.conv, b.conv_floats))
+        << "conv state";
+    EXPECT_EQ(to_host(a.device.delta, a.delta_floats), to_host(b.device.delta, b.delta_floats))
+        << "delta state";
+    for (int& p : n_past) ++p;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -8,7 +8,8 @@
 # Run ON the GPU machine from the repository root with the binaries in build-cuda/ and their
 # libraries in .carry/lib (docs/bench.md "H200 side by side"). Logs under $OUT.
 #   bash bench/h200/decode_ab.sh [setting...]   (default: "default"; a setting may hold several
-#                                               VAR=VALUE words: "A=1 B=2")
+#                                               VAR=VALUE words: "A=1 B=2"; BIN=PATH runs that
+#                                               qwenrt binary instead of build-cuda's)
 # MODELS (default "35B-A3B 27B"), ROUNDS (default 2), DROP (default none), DROP_ENV (default
 # none), DROP_MODELS (default: the first of MODELS), BENCH (the bench arguments after -m).
 set -uo pipefail
@@ -17,10 +18,17 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib
 q=build-cuda/qwenrt
 settings=("$@"); [ ${#settings[@]} -gt 0 ] || settings=(default)
 bench=${BENCH:--p 1 -n 128 -d 512 -b 0 -r 3}
-run() {  # run SETTING COMMAND...: the command with the setting's variables (none for "default")
-  local s=$1; shift
-  # shellcheck disable=SC2086  # a setting is one or more VAR=VALUE words
-  if [ "$s" = default ]; then "$@"; else env $s "$@"; fi
+run() {  # run SETTING ARGS...: qwenrt ARGS with the setting's variables and binary
+  local s=$1 bin=$q w; shift
+  local vars=()
+  for w in $s; do
+    case $w in
+      default) ;;
+      BIN=*) bin=${w#BIN=} ;;
+      *) vars+=("$w") ;;
+    esac
+  done
+  env "${vars[@]}" timeout 150 "$bin" "$@"
 }
 models=(${MODELS:-35B-A3B 27B})
 drop_models=${DROP_MODELS:-${models[0]}}
@@ -31,14 +39,14 @@ for m in "${models[@]}"; do
     for s in "${settings[@]}"; do
       echo "== $m Q4_K_M, round $r, $s"
       # shellcheck disable=SC2086
-      run "$s" timeout 150 $q bench -m $f $bench 2>&1 | tee -a "$out/decode-ab-$m.txt" | grep -E "tg|rror"
+      run "$s" bench -m $f $bench 2>&1 | tee -a "$out/decode-ab-$m.txt" | grep -E "tg|rror"
     done
   done
   if [[ " $drop_models " == *" $m "* ]]; then
     for d in ${DROP:-}; do
       echo "== $m Q4_K_M, ${DROP_ENV:-default}, QWENRT_CUDA_DROP=$d"
       # shellcheck disable=SC2086
-      run "${DROP_ENV:-default}" env QWENRT_CUDA_DROP=$d timeout 150 $q bench -m $f $bench 2>&1 |
+      run "${DROP_ENV:-default} QWENRT_CUDA_DROP=$d" bench -m $f $bench 2>&1 |
         tee -a "$out/decode-drop-$m.txt" | grep -E "tg|rror"
     done
   fi

@@ -47,13 +47,18 @@ constexpr int kKeyTile = 32;      // keys per shared-memory tile: one key per la
 // decode after a 512-token prompt 367.7 -> 375.3 tok/s on an H100 (twice the blocks for a short
 // context; bench/results/h100-decode-fusions-2026-12-06.md).
 constexpr int kMinChunk = 32;
-constexpr int kMaxSplits = 128;  // split: chunks per span at most (the combine's shared weights)
+constexpr int kMaxSplits = 128;  // split: chunks per span at most (a combine thread each)
+static_assert(kMaxSplits <= kThreads, "the combine gives each chunk a thread");
 // split: chunks are counted so that a step of few decode rows still has ~2 blocks per SM of an
 // H200 (132 SMs) per KV head; batches of many rows need fewer chunks to fill the GPU.
 constexpr int kSplitBlocksTarget = 256;
 constexpr int kMaxGridYZ = 65535;  // the hardware limit of gridDim.y and gridDim.z
 
+constexpr int kThreadsPerKey = kThreads / kKeyTile;  // staging: threads sharing a key's row
 static_assert(kThreads == kTileVectors * 8, "the softmax step gives 8 threads to each vector");
+static_assert(kThreads % kKeyTile == 0 && 64 / 4 % kThreadsPerKey == 0,
+              "staging: whole keys per thread group, whole float4s per thread at D = 64");
+static_assert(kTileVectors * 64 / 4 % kThreads == 0, "the query load: whole float4s per thread");
 static_assert(kThreads / 32 * 4 == kTileVectors, "the score step gives each warp 4 vectors");
 
 // Shared memory of the attention kernel, in floats (every array starts 16-byte aligned).
@@ -211,15 +216,19 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
     }
   }
 
-  // Queries, pre-scaled (zero past the tile's vectors), and each vector's position.
-  for (int idx = t; idx < kTileVectors * D; idx += kThreads) {
-    const int v = idx / D, d = idx % D;
-    float x = 0.0f;
+  // Queries, pre-scaled (zero past the tile's vectors), and each vector's position. All of a
+  // thread's loads are independent (float4; q rows are 16-byte aligned, attention() checks).
+#pragma unroll
+  for (int i = 0; i < kTileVectors * (D / 4) / kThreads; ++i) {
+    const int idx = t + i * kThreads, v = idx / (D / 4), c = idx % (D / 4);
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (v < n_vec) {
       const int vg = vec0 + v, r = vg / G, h = g * G + vg % G;
-      x = a.scale * a.q[(int64_t{sp.begin} + r) * a.q_stride + int64_t{h} * D + d];
+      x = reinterpret_cast<const float4*>(a.q + (int64_t{sp.begin} + r) * a.q_stride +
+                                          int64_t{h} * D)[c];
+      x = make_float4(a.scale * x.x, a.scale * x.y, a.scale * x.z, a.scale * x.w);
     }
-    q_s[idx] = x;
+    reinterpret_cast<float4*>(q_s)[idx] = x;
   }
   if (t < kTileVectors) {
     // -1 for a vector past the tile: every key is masked, its softmax stays at zero.
@@ -229,21 +238,25 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
   }
 
   // Stage key tile `it` (kKeyTile keys from key_begin + it * kKeyTile) into buffer it % 2.
+  // kThreadsPerKey threads share a key: one page-table read a thread, then its share of the row's
+  // float4s (a warp's copy reads 8 rows, 64 contiguous bytes each). The page-table read comes
+  // first because the copies' "memory" clobber keeps loads from moving across them.
   auto stage = [&](int it) {
     const int kt = key_begin + it * kKeyTile;
     float* kd = k_s + (it & 1) * kKeyTile * S::kKStride;
     float* vd = v_s + (it & 1) * kKeyTile * D;
-    for (int idx = t; idx < kKeyTile * (D / 4); idx += kThreads) {
-      const int j = idx / (D / 4), c = idx % (D / 4);
-      const int pos = kt + j;
-      KeyAt at{-1, false};
-      if (pos < key_end) at = key_at(a, sp, pos);
-      const bool valid = at.offset >= 0;
-      const int64_t off = valid ? at.offset + int64_t{g} * D + 4 * c : 0;
-      const float* ksrc = valid ? (at.fresh ? a.k : a.k_pages) + off : a.k;
-      const float* vsrc = valid ? (at.fresh ? a.v : a.v_pages) + off : a.v;
-      cp_async16(kd + j * S::kKStride + 4 * c, ksrc, valid);
-      cp_async16(vd + j * D + 4 * c, vsrc, valid);
+    const int j = t / kThreadsPerKey, pos = kt + j;
+    KeyAt at{-1, false};
+    if (pos < key_end) at = key_at(a, sp, pos);
+    const bool valid = at.offset >= 0;
+    const int64_t off = valid ? at.offset + int64_t{g} * D : 0;
+    const float* ksrc = valid ? (at.fresh ? a.k : a.k_pages) + off : a.k;
+    const float* vsrc = valid ? (at.fresh ? a.v : a.v_pages) + off : a.v;
+#pragma unroll
+    for (int i = 0; i < D / 4 / kThreadsPerKey; ++i) {
+      const int c = i * kThreadsPerKey + t % kThreadsPerKey;
+      cp_async16(kd + j * S::kKStride + 4 * c, valid ? ksrc + 4 * c : ksrc, valid);
+      cp_async16(vd + j * D + 4 * c, valid ? vsrc + 4 * c : vsrc, valid);
     }
     cp_async_commit();
   };
@@ -398,61 +411,80 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
 }
 
 // Merges the chunks of each split span: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
-// One block per (span, KV head).
+// One block per (span, KV head, vector): thread p < n_active reads chunk p's (max, sum), the
+// block reduces M and the denominator, then the threads split the chunks (kParts groups over the
+// D / 4 float4s of the vector) so that every load of a thread is independent of the others.
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
   pdl_launch_dependents();
   pdl_wait();  // launched dependent (pdl.cuh): before any read
-  __shared__ float weight_s[kTileVectors][kMaxSplits];
+  constexpr int kDimGroups = D / 4, kParts = kThreads / kDimGroups, kWarps = kThreads / 32;
+  __shared__ float weight_s[kMaxSplits];
+  __shared__ float red_s[2][kWarps];
+  __shared__ float4 acc_s[kThreads];
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  const int s = blockIdx.x, g = blockIdx.y, G = a.group;
+  const int s = blockIdx.x, g = blockIdx.y, v = blockIdx.z, G = a.group;
   const Span sp = a.spans[s];
-  if (!is_split_span(sp.count, G)) return;
+  if (!is_split_span(sp.count, G) || v >= sp.count * G) return;
   const int n_kv = sp.n_past + sp.count;
   const int chunk = split_chunk(n_kv, a.n_splits, a.min_chunk);
   const int n_active = (n_kv + chunk - 1) / chunk;
-  const int n_vec = sp.count * G;
-  const int64_t span_base = int64_t{s} * a.n_splits * a.part_rows * a.n_head;
   const int64_t split_stride = int64_t{a.part_rows} * a.n_head;
-  auto slot_of = [&](int v) { return int64_t{v / G} * a.n_head + g * G + v % G; };
+  const int64_t slot =
+      int64_t{s} * a.n_splits * split_stride + int64_t{v / G} * a.n_head + g * G + v % G;
 
-  // Per vector, the weight of each chunk. Chunk 0 holds key 0, which every row sees, so M is
-  // finite; a chunk whose keys a row cannot see has m = -inf and gets weight 0.
-  for (int v = warp; v < n_vec; v += kThreads / 32) {
-    const int64_t slot = span_base + slot_of(v);
-    float M = -INFINITY;
-    for (int p = lane; p < n_active; p += 32)
-      M = fmaxf(M, a.part_ml[(slot + p * split_stride) * 2]);
-    for (int o = 16; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    float L = 0.0f;
-    for (int p = lane; p < n_active; p += 32) {
-      const float* ml = a.part_ml + (slot + p * split_stride) * 2;
-      L += ml[1] * expf(ml[0] - M);
-    }
-    for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
-    for (int p = lane; p < n_active; p += 32) {
-      weight_s[v][p] = expf(a.part_ml[(slot + p * split_stride) * 2] - M) / L;
-    }
+  // Chunk 0 holds key 0, which every row sees, so M is finite; a chunk whose keys a row cannot
+  // see has m = -inf and gets weight 0.
+  float m = -INFINITY, l = 0.0f;
+  if (t < n_active) {
+    const float2 ml = reinterpret_cast<const float2*>(a.part_ml)[slot + t * split_stride];
+    m = ml.x;
+    l = ml.y;
   }
+  float M = m;
+  for (int o = 16; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if (lane == 0) red_s[0][warp] = M;
+  __syncthreads();
+  M = red_s[0][0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) M = fmaxf(M, red_s[0][w]);
+  const float e = t < n_active ? expf(m - M) : 0.0f;
+  float L = l * e;
+  for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
+  if (lane == 0) red_s[1][warp] = L;
+  __syncthreads();
+  L = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) L += red_s[1][w];
+  if (t < n_active) weight_s[t] = e / L;
   __syncthreads();
 
-  constexpr int kDimGroups = D / 4;
-  for (int idx = t; idx < n_vec * kDimGroups; idx += kThreads) {
-    const int v = idx / kDimGroups, c = idx % kDimGroups;
-    const int64_t slot = span_base + slot_of(v);
-    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int p = 0; p < n_active; ++p) {
-      const float w = weight_s[v][p];
-      const float4 x =
-          reinterpret_cast<const float4*>(a.part_acc + (slot + p * split_stride) * D)[c];
-      o.x = fmaf(w, x.x, o.x);
-      o.y = fmaf(w, x.y, o.y);
-      o.z = fmaf(w, x.z, o.z);
-      o.w = fmaf(w, x.w, o.w);
-    }
-    const int r = v / G, h = g * G + v % G;
-    reinterpret_cast<float4*>(a.out + ((int64_t{sp.begin} + r) * a.n_head + h) * D)[c] = o;
+  const int c = t % kDimGroups, part = t / kDimGroups;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int p = part; p < n_active; p += kParts) {
+    const float w = weight_s[p];
+    const float4 x = reinterpret_cast<const float4*>(a.part_acc + (slot + p * split_stride) * D)[c];
+    o.x = fmaf(w, x.x, o.x);
+    o.y = fmaf(w, x.y, o.y);
+    o.z = fmaf(w, x.z, o.z);
+    o.w = fmaf(w, x.w, o.w);
   }
+  if constexpr (kParts > 1) {
+    acc_s[t] = o;
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int q = 1; q < kParts; ++q) {
+      const float4 x = acc_s[q * kDimGroups + c];
+      o.x += x.x;
+      o.y += x.y;
+      o.z += x.z;
+      o.w += x.w;
+    }
+  }
+  const int r = v / G, h = g * G + v % G;
+  reinterpret_cast<float4*>(a.out + ((int64_t{sp.begin} + r) * a.n_head + h) * D)[c] = o;
 }
 
 // The fewest keys a split chunk takes: kMinChunk, or QWENRT_CUDA_ATTN_MIN_CHUNK (rounded up to
@@ -533,7 +565,9 @@ void launch(const DeviceStep& step, const AttentionArgs& args, void* workspace,
                    dim3(static_cast<unsigned>(n_splits), n_spans, n_kv_heads), kThreads, smem,
                    stream, ka);
   QWENRT_CUDA_CHECK_LAUNCH();
-  launch_dependent(combine_kernel<D>, dim3(n_spans, n_kv_heads), kThreads, 0, stream, ka);
+  const unsigned n_vectors = static_cast<unsigned>(std::min(part_rows * group, kTileVectors));
+  launch_dependent(combine_kernel<D>, dim3(n_spans, n_kv_heads, n_vectors), kThreads, 0, stream,
+                   ka);
   QWENRT_CUDA_CHECK_LAUNCH();
   // Only when a span may be too long for the split shape: on tensor cores (attention_prefill.cu),
   // or this file's fp32 tiles with QWENRT_CUDA_FLASH_PREFILL=0.
@@ -587,9 +621,12 @@ void attention(const DeviceStep& step, const AttentionArgs& args, void* workspac
               " and max_tokens " + std::to_string(step.max_tokens) + " must be positive");
   }
   // float4 and cp.async access: 16-byte aligned rows (head_dim is a multiple of 4 floats).
-  if (!aligned16(args.k) || !aligned16(args.v) || !aligned16(args.kv.k) || !aligned16(args.kv.v) ||
-      !aligned16(args.out) || !aligned16(workspace)) {
-    cuda_fail(where + "k, v, the KV pools, out and the workspace must be 16-byte aligned");
+  if (!aligned16(args.q) || args.q_stride % 4 != 0 || !aligned16(args.k) || !aligned16(args.v) ||
+      !aligned16(args.kv.k) || !aligned16(args.kv.v) || !aligned16(args.out) ||
+      !aligned16(workspace)) {
+    cuda_fail(where +
+              "q (and its row stride), k, v, the KV pools, out and the workspace must be 16-byte "
+              "aligned");
   }
   switch (args.head_dim) {
     case 64:

@@ -76,10 +76,9 @@ class CudaOps final : public Ops {
     prefetcher_ = std::make_unique<cuda::L2Prefetcher>(device);
     norm_route_ = env_flag("QWENRT_CUDA_NORM_ROUTE", true);
     down_combine_ = env_flag("QWENRT_CUDA_DOWN_COMBINE", true);
+    fused_conv_ = env_flag("QWENRT_CUDA_FUSED_CONV", true);
     drop_ = parse_drop(std::getenv("QWENRT_CUDA_DROP"));
-    constexpr size_t kCounterBytes = cuda::kNormRouteMaxRows * sizeof(unsigned);
-    QWENRT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&route_counters_), kCounterBytes));
-    QWENRT_CUDA_CHECK(cudaMemset(route_counters_, 0, kCounterBytes));
+    grow_counters(kInitialCounters);
   }
 
   ~CudaOps() override {
@@ -90,7 +89,7 @@ class CudaOps final : public Ops {
     for (const auto& [start, end] : weight_chunks_) cudaFree(reinterpret_cast<void*>(start));
     for (auto& e : stage_done_) cudaEventDestroy(e);
     prefetcher_.reset();
-    cudaFree(route_counters_);
+    cudaFree(counters_);
     cudaEventDestroy(fork_);
     cudaEventDestroy(join_);
     cudaStreamDestroy(side_);
@@ -355,7 +354,8 @@ class CudaOps final : public Ops {
     if (skip(cuda::deltanet_workspace_bytes(dstep_, a))) return;
     Scope s(this, kDeltaNet);
     if (dropped(kDropDeltaNet)) return;
-    cuda::deltanet(dstep_, a, ws_, stream_);
+    const int64_t n_counters = fused_conv_ ? cuda::deltanet_fused_conv_counters(dstep_, a) : 0;
+    cuda::deltanet(dstep_, a, ws_, n_counters > 0 ? counters(n_counters) : nullptr, stream_);
   }
   void moe(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert,
            int k) override {
@@ -718,12 +718,14 @@ class CudaOps final : public Ops {
   }
 
   uint64_t generation() const {
-    return (((arena_.generation() * 1000003u + scratch_.generation()) * 1000003u +
-             side_scratch_.generation()) *
+    return ((((arena_.generation() * 1000003u + scratch_.generation()) * 1000003u +
+              side_scratch_.generation()) *
+                 1000003u +
+             layout_generation_) *
                 1000003u +
-            layout_generation_) *
+            ple_stage_generation_) *
                1000003u +
-           ple_stage_generation_;
+           counter_generation_;
   }
 
   void choose_mode(const StepLayout& l) {
@@ -867,7 +869,7 @@ class CudaOps final : public Ops {
                    : nullptr;
     a.n_expert = n_expert;
     a.k = k;
-    a.counters = route_counters_;
+    a.counters = counters(cuda::kNormRouteMaxRows);
     a.gate_inp = w.shared_gate_inp.present() ? ref::f32_data(w.shared_gate_inp) : nullptr;
     return a;
   }
@@ -1049,6 +1051,27 @@ class CudaOps final : public Ops {
     }
     return mask;
   }
+  // n zeroed completion counters for one launch of the main stream (kernels that elect the last
+  // of their blocks: the MoE routing with its norm, the DeltaNet decode with its conv). Each such
+  // launch leaves its counters zero again, so every launch takes them from the start of the pool.
+  // The first step of a shape runs eagerly and grows the pool if need be; growing moves it, so a
+  // capture under way is ended and not kept (the generation changes).
+  unsigned* counters(int64_t n) {
+    if (n <= counter_capacity_) return counters_;
+    if (mode_ == Mode::kReplay) fail("cuda backend: the counter pool grew inside a replayed step");
+    ++counter_generation_;
+    if (mode_ == Mode::kCapture) end_capture(nullptr);
+    QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // no launch still counts in the old pool
+    grow_counters(std::max(n, 2 * counter_capacity_));
+    return counters_;
+  }
+  void grow_counters(int64_t n) {
+    QWENRT_CUDA_CHECK(cudaFree(counters_));
+    QWENRT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counters_), n * sizeof(unsigned)));
+    QWENRT_CUDA_CHECK(cudaMemset(counters_, 0, n * sizeof(unsigned)));
+    counter_capacity_ = n;
+  }
+
   bool dropped(DropClass c) const { return (drop_ & c) != 0 && mode_ == Mode::kCapture; }
 
   // Every op starts here: true means the op is part of a graph that replays, so it only counts
@@ -1162,10 +1185,15 @@ class CudaOps final : public Ops {
   // call, aggregate decode) 1,345 / 1,834 / 2,723 tok/s at 16 / 32 / 64 rows against the per-pair
   // GEMVs' 1,273 / 1,449 / 1,627. QWENRT_CUDA_GROUPED_ROWS sets both.
   int64_t mmq_min_rows_ = 16;
-  bool norm_route_ = true;              // add_rmsnorm_moe fused (QWENRT_CUDA_NORM_ROUTE)
-  bool down_combine_ = true;            // experts_down_combine (QWENRT_CUDA_DOWN_COMBINE)
-  unsigned drop_ = 0;                   // QWENRT_CUDA_DROP's kernel classes
-  unsigned* route_counters_ = nullptr;  // moe_norm_route's kNormRouteMaxRows counters
+  bool norm_route_ = true;    // add_rmsnorm_moe fused (QWENRT_CUDA_NORM_ROUTE)
+  bool down_combine_ = true;  // experts_down_combine (QWENRT_CUDA_DOWN_COMBINE)
+  bool fused_conv_ = true;    // the DeltaNet decode conv folded in (QWENRT_CUDA_FUSED_CONV)
+  unsigned drop_ = 0;         // QWENRT_CUDA_DROP's kernel classes
+  // Completion counters of the kernels that elect a last block (counters()).
+  static constexpr int64_t kInitialCounters = 4096;
+  unsigned* counters_ = nullptr;
+  int64_t counter_capacity_ = 0;
+  uint64_t counter_generation_ = 0;
   Mode mode_ = Mode::kEager;
   std::map<GraphKey, Graph> graphs_;
   std::map<GraphKey, int> seen_;

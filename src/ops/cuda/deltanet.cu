@@ -148,6 +148,7 @@ __global__ void __launch_bounds__(kConvThreads, 4)  // 4: ptxas spills at its ow
 // (only this block touches it), slower but exact. No shipped model has D > 128.
 constexpr int kParts = 4;
 constexpr int kMaxD = 256;
+constexpr int kFusedConvK = 4;  // the conv taps the folded conv is built for (Qwen3.5's)
 
 struct DeltaParams {
   const Span* spans;
@@ -168,9 +169,22 @@ struct DeltaParams {
   int n_k_heads, n_v_heads, head_dim;
   float eps;
   bool sigmoid_gate;  // qwen4exp: sigmoid(z), not silu(z)
+  // The conv folded in (delta_rule_kernel<kR, CK> with CK > 0, decode steps): the raw
+  // projection qkv [n, C] instead of mixed, the taps [C, CK] and the conv state
+  // [n_slots, CK - 1, C]; counters: n_spans * n_k_heads zeroed completion counters.
+  const float* qkv;
+  const float* conv_w;
+  float* conv_state;
+  unsigned* counters;
 };
 
-template <int kR>
+// Conv folded in (CK > 0: the conv's taps; every span of the step has at most one row): the
+// block computes the conv + SiLU of the channels it reads, as conv_silu_kernel does (the same
+// arithmetic, so the same values), from the slot's conv state and the raw projection. It owns
+// its V head's v channels and shifts their state at once. The q and k channels of K head hk are
+// read by all Hv / Hk blocks of its V heads, so the last of those blocks to have read them (a
+// completion counter a span and K head) shifts theirs, after the others' reads.
+template <int kR, int CK>
 __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD)
     delta_rule_kernel(const DeltaParams prm) {
   pdl_launch_dependents();
@@ -214,7 +228,48 @@ __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD
       }
     }
   };
-  if (span.count > 0) fetch(span.begin);
+  // Conv folded in: this thread's channels' windows (old state, then the new input).
+  float q_win[CK > 0 ? CK : 1], k_win[CK > 0 ? CK : 1];
+  __shared__ bool s_last;  // this block shifts the q and k channels' conv state
+  auto fetch_conv = [&](int64_t row) {
+    const float* x = prm.qkv + row * C;
+    const float* state = prm.conv_state + int64_t{span.slot} * (CK - 1) * C;
+    auto conv = [&](int64_t ch, float(&win)[CK > 0 ? CK : 1]) {
+      float w[CK > 0 ? CK : 1];
+#pragma unroll
+      for (int i = 0; i < CK; ++i) w[i] = prm.conv_w[ch * CK + i];
+#pragma unroll
+      for (int i = 0; i < CK - 1; ++i) win[i] = state[i * C + ch];
+      win[CK - 1] = x[ch];
+      float acc = 0;
+#pragma unroll
+      for (int i = 0; i < CK; ++i) acc = fmaf(w[i], win[i], acc);
+      return silu(acc);
+    };
+    if (p == 0) {
+      next_q = conv(int64_t{hk} * D + j, q_win);
+      next_k = conv(nk + int64_t{hk} * D + j, k_win);
+      next_z = prm.z[row * nv + int64_t{h} * D + j];
+    } else if (p == 1) {
+      float v_win[CK > 0 ? CK : 1];
+      const int64_t ch = 2 * nk + int64_t{h} * D + j;
+      next_v = conv(ch, v_win);
+      float* st = prm.conv_state + int64_t{span.slot} * (CK - 1) * C + ch;
+#pragma unroll
+      for (int i = 0; i < CK - 1; ++i) st[i * C] = v_win[i + 1];
+      if (j == 0) {
+        next_alpha = prm.alpha[row * Hv + h];
+        next_beta = prm.beta[row * Hv + h];
+      }
+    }
+  };
+  if (span.count > 0) {
+    if constexpr (CK > 0) {
+      fetch_conv(span.begin);
+    } else {
+      fetch(span.begin);
+    }
+  }
   const float dt_bias = prm.dt_bias[h], a = prm.a[h];
 
   for (int t = 0; t < span.count; ++t) {
@@ -244,6 +299,15 @@ __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD
     }
     if (t + 1 < span.count) fetch(row + 1);
     __syncthreads();  // 1: inputs published
+    if constexpr (CK > 0) {
+      // Every thread's conv state reads are done (their values are published above).
+      if (threadIdx.x == 0) {
+        __threadfence();
+        unsigned* counter = prm.counters + int64_t{blockIdx.y} * prm.n_k_heads + hk;
+        s_last = atomicAdd(counter, 1u) == static_cast<unsigned>(Hv / prm.n_k_heads - 1);
+        if (s_last) *counter = 0;  // ready for the next launch (graph replays too)
+      }
+    }
 
     // B. Partial products over this thread's keys, from the old state and the raw q, k.
     float qq = 0, kk = 0, qk = 0;
@@ -326,6 +390,17 @@ __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD
   if constexpr (kR > 0) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) S[int64_t{r} * D] = st[r];
+  }
+  if constexpr (CK > 0) {
+    // s_last was set before barrier 2 of the (only) token.
+    if (span.count > 0 && s_last && p == 0) {
+      float* st = prm.conv_state + int64_t{span.slot} * (CK - 1) * C + int64_t{hk} * D + j;
+#pragma unroll
+      for (int i = 0; i < CK - 1; ++i) {
+        st[i * C] = q_win[i + 1];
+        st[nk + i * C] = k_win[i + 1];
+      }
+    }
   }
 }
 
@@ -447,7 +522,14 @@ __global__ void __launch_bounds__(kMaxD) delta_rule_any_d_kernel(const DeltaPara
 template <int kR>
 void launch_delta(const DeviceStep& step, const DeltaParams& prm, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(prm.n_v_heads), static_cast<unsigned>(step.n_spans));
-  launch_dependent(delta_rule_kernel<kR>, grid, kParts * prm.head_dim, 0, stream, prm);
+  if (prm.counters != nullptr) {
+    if constexpr (kR > 0) {
+      launch_dependent(delta_rule_kernel<kR, kFusedConvK>, grid, kParts * prm.head_dim, 0, stream,
+                       prm);
+    }
+  } else {
+    launch_dependent(delta_rule_kernel<kR, 0>, grid, kParts * prm.head_dim, 0, stream, prm);
+  }
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
@@ -462,6 +544,14 @@ bool use_chunked(const DeviceStep& step, const DeltaNetArgs& args) {
   return step.deltanet_mode == DeltaNetMode::kChunked || step.max_span_count >= kChunkedMinTokens;
 }
 
+// The conv folded into the delta rule: decode steps (no span longer than a row, no states kept)
+// of the recurrent kernel with the state in registers, taps of kFusedConvK.
+bool fused_conv(const DeviceStep& step, const DeltaNetArgs& args) {
+  const int D = args.head_dim;
+  return step.max_span_count == 1 && !step.keep_states && !use_chunked(step, args) &&
+         args.conv.view.ne[0] == kFusedConvK && D % 32 == 0 && D <= kParts * 32;
+}
+
 int64_t mixed_bytes(const DeviceStep& step, const DeltaNetArgs& args) {
   // The conv output `mixed` [n, C], rounded up to keep whatever follows 256-byte aligned.
   return (step.n * channels(args) * int64_t{sizeof(float)} + 255) / 256 * 256;
@@ -469,12 +559,16 @@ int64_t mixed_bytes(const DeviceStep& step, const DeltaNetArgs& args) {
 
 }  // namespace
 
+int64_t deltanet_fused_conv_counters(const DeviceStep& step, const DeltaNetArgs& args) {
+  return fused_conv(step, args) ? int64_t{step.n_spans} * args.n_k_heads : 0;
+}
+
 int64_t deltanet_workspace_bytes(const DeviceStep& step, const DeltaNetArgs& args) {
   return mixed_bytes(step, args) +
          (use_chunked(step, args) ? deltanet_chunked_workspace_bytes(step, args) : 0);
 }
 
-void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
+void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace, unsigned* counters,
               cudaStream_t stream) {
   const int D = args.head_dim, Hk = args.n_k_heads, Hv = args.n_v_heads;
   if (D <= 0 || D > kMaxD || Hk <= 0 || Hv % Hk != 0) {
@@ -493,6 +587,7 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
   const float* kernel = f32_device_data(args.conv, K * C, "ssm_conv1d");
   if (step.n == 0 || step.n_spans == 0) return;
   float* mixed = static_cast<float*>(workspace);
+  const bool fuse = counters != nullptr && fused_conv(step, args);
   if (step.keep_states) {
     if (!args.state.conv_history || !args.state.delta_history || args.state.history_rows < 1)
       cuda_fail("deltanet: a span keeps its states but the layer has no history");
@@ -504,7 +599,9 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
         static_cast<int>(K), C);
     QWENRT_CUDA_CHECK_LAUNCH();
   }
-  switch (K) {
+  switch (fuse ? 0 : K) {
+    case 0:
+      break;  // the delta rule kernel runs the conv
     case 2:
       launch_conv<2>(step, args.qkv, kernel, args.state.conv, mixed, C, stream);
       break;
@@ -551,7 +648,11 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
                         .n_v_heads = Hv,
                         .head_dim = D,
                         .eps = args.eps,
-                        .sigmoid_gate = args.sigmoid_gate};
+                        .sigmoid_gate = args.sigmoid_gate,
+                        .qkv = args.qkv,
+                        .conv_w = kernel,
+                        .conv_state = args.state.conv,
+                        .counters = fuse ? counters : nullptr};
   if (D % 32 != 0) {
     const dim3 grid(static_cast<unsigned>(Hv), static_cast<unsigned>(step.n_spans));
     delta_rule_any_d_kernel<<<grid, D, 0, stream>>>(prm);

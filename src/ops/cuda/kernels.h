@@ -197,8 +197,12 @@ void attention_prefill(const DeviceStep& step, const AttentionArgs& args, int sp
 // Spans run the recurrence token by token, or (head_dim 64 or 128, a span of kChunkedMinTokens or
 // more, or the step's mode kChunked; not with QWENRT_CUDA_CHUNKED=0, nor in a step that keeps
 // states) the chunked form of deltanet_chunked.cu.
+// A decode step (no span longer than a row, no states kept, conv taps 4, head_dim a multiple of
+// 32 up to 128) folds the conv into the delta rule's launch when deltanet gets `counters`:
+// deltanet_fused_conv_counters of them, zeroed (0: this step does not fold; null: never).
 int64_t deltanet_workspace_bytes(const DeviceStep& step, const DeltaNetArgs& args);
-void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
+int64_t deltanet_fused_conv_counters(const DeviceStep& step, const DeltaNetArgs& args);
+void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace, unsigned* counters,
               cudaStream_t stream);
 // The chunked delta rule over every span (deltanet_chunked.cu), after the conv of deltanet.cu
 // wrote `mixed`; its workspace holds the normalised q, k, the gates, U / W and each chunk's start
