@@ -40,7 +40,7 @@
 namespace qwenrt::ops::cuda {
 namespace {
 
-constexpr int kThreads = 128;     // 4 warps per block, both kernels
+constexpr int kThreads = 256;     // 8 warps per block, all three kernels
 constexpr int kTileVectors = 16;  // query vectors per block (a decode row of 16 heads / 2 KV = 8)
 constexpr int kKeyTile = 32;      // keys per shared-memory tile: one key per lane for the scores
 // split: the fewest keys one chunk takes (one key tile; min_chunk()). 32 against 64: 35B-A3B
@@ -55,11 +55,19 @@ constexpr int kSplitBlocksTarget = 256;
 constexpr int kMaxGridYZ = 65535;  // the hardware limit of gridDim.y and gridDim.z
 
 constexpr int kThreadsPerKey = kThreads / kKeyTile;  // staging: threads sharing a key's row
-static_assert(kThreads == kTileVectors * 8, "the softmax step gives 8 threads to each vector");
+constexpr int kWarps = kThreads / 32;
+constexpr int kSoftThreads = kThreads / kTileVectors;  // softmax: threads a vector
+constexpr int kSoftKeys = kKeyTile / kSoftThreads;     // softmax: keys a thread
+static_assert(kSoftKeys == 2 && kSoftThreads <= 32,
+              "the softmax step: two keys a thread, in a warp");
 static_assert(kThreads % kKeyTile == 0 && 64 / 4 % kThreadsPerKey == 0,
               "staging: whole keys per thread group, whole float4s per thread at D = 64");
 static_assert(kTileVectors * 64 / 4 % kThreads == 0, "the query load: whole float4s per thread");
-static_assert(kThreads / 32 * 4 == kTileVectors, "the score step gives each warp 4 vectors");
+constexpr int kScoreVectors = kTileVectors / kWarps;  // score: vectors a warp, at most
+static_assert(kScoreVectors == 2, "the score step gives each warp two vectors");
+// PV: a thread accumulates kVpt vectors of one float4 of dims; the threads left over split the
+// tile's keys (partial sums added at the end).
+constexpr int kVpt = 4;
 
 // Shared memory of the attention kernel, in floats (every array starts 16-byte aligned).
 template <int D>
@@ -127,8 +135,8 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// dot[i] = q_s[w + 4i] . k_row for this lane's key, i < NV (two accumulators per vector keep
-// four FMA chains in flight).
+// dot[i] = q_s[w + kWarps i] . k_row for this lane's key, i < NV (two accumulators per vector
+// keep the FMA chains in flight).
 template <int D, int NV>
 __device__ __forceinline__ void score_dots(const float* q_s, const float* k_row, int w,
                                            float* dot) {
@@ -140,7 +148,7 @@ __device__ __forceinline__ void score_dots(const float* q_s, const float* k_row,
     const float4 kk = reinterpret_cast<const float4*>(k_row)[c];
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const float4 qq = reinterpret_cast<const float4*>(q_s + (w + 4 * i) * D)[c];
+      const float4 qq = reinterpret_cast<const float4*>(q_s + (w + kWarps * i) * D)[c];
       acc0[i] = fmaf(qq.x, kk.x, acc0[i]);
       acc1[i] = fmaf(qq.y, kk.y, acc1[i]);
       acc0[i] = fmaf(qq.z, kk.z, acc0[i]);
@@ -261,13 +269,21 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
     cp_async_commit();
   };
 
-  // PV accumulators: thread t keeps dims [4 dg, 4 dg + 4) of vectors [vbase, vbase + kVpt).
+  // PV accumulators: thread t keeps dims [4 dg, 4 dg + 4) of vectors [vbase, vbase + kVpt) over
+  // the keys j = ks (mod n_ks) of each tile: the kRest threads of a dim group cover the tile's
+  // n_vg vector groups n_ks times over (a decode row of 8 vectors at D = 256: 2 groups x 2).
   constexpr int kDimGroups = D / 4;
-  constexpr int kVpt = kTileVectors / (kThreads / kDimGroups);
-  const int dg = t % kDimGroups, vbase = (t / kDimGroups) * kVpt;
+  constexpr int kRest = kThreads / kDimGroups;
+  static_assert(kRest * kVpt >= kTileVectors, "PV: every vector has a thread of each dim group");
+  const int dg = t % kDimGroups, rest = t / kDimGroups;
+  const int n_vg = (n_vec + kVpt - 1) / kVpt, n_ks = kRest / n_vg;
+  const int vbase = rest / n_ks * kVpt, ks = rest % n_ks;
+  const bool pv = rest < n_vg * n_ks;  // this thread has vectors
   float4 acc[kVpt];
 #pragma unroll
   for (int i = 0; i < kVpt; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  static_assert(kVpt * kThreads * 4 <= 2 * kKeyTile * S::kKStride,
+                "the key splits' sums fit the K buffers");
 
   const int n_key_tiles = (key_end - key_begin + kKeyTile - 1) / kKeyTile;
   stage(0);
@@ -284,31 +300,20 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
     const float* vb = v_s + (it & 1) * kKeyTile * D;
     const int kt = key_begin + it * kKeyTile;
 
-    // Scores: lane = key, warp w takes vectors w, w + 4, w + 8, w + 12 (those below n_vec).
+    // Scores: lane = key, warp w takes vectors w, w + kWarps (those below n_vec).
     {
-      const int mine = n_vec > warp ? (n_vec - warp + 3) / 4 : 0;
-      float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const int mine = n_vec > warp ? (n_vec - warp + kWarps - 1) / kWarps : 0;
+      float dot[kScoreVectors] = {0.0f, 0.0f};
       const float* k_row = kb + lane * S::kKStride;
-      switch (mine) {
-        case 4:
-          score_dots<D, 4>(q_s, k_row, warp, dot);
-          break;
-        case 3:
-          score_dots<D, 3>(q_s, k_row, warp, dot);
-          break;
-        case 2:
-          score_dots<D, 2>(q_s, k_row, warp, dot);
-          break;
-        case 1:
-          score_dots<D, 1>(q_s, k_row, warp, dot);
-          break;
-        default:
-          break;
+      if (mine == 2) {
+        score_dots<D, 2>(q_s, k_row, warp, dot);
+      } else if (mine == 1) {
+        score_dots<D, 1>(q_s, k_row, warp, dot);
       }
       const int pos = kt + lane;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int v = warp + 4 * i;
+      for (int i = 0; i < kScoreVectors; ++i) {
+        const int v = warp + kWarps * i;
         if (i < mine) {
           const bool visible = pos < key_end && pos <= qpos_s[v];  // causal
           sc_s[v * kKeyTile + lane] = visible ? dot[i] : -INFINITY;
@@ -317,30 +322,26 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
     }
     __syncthreads();
 
-    // Online softmax: 8 threads per vector, 4 keys each.
+    // Online softmax: kSoftThreads threads per vector, kSoftKeys (2) keys each.
     {
-      const int v = t / 8, q8 = t % 8;
+      const int v = t / kSoftThreads, qs = t % kSoftThreads;
       const float m_old = m_s[v];
-      float4 sv = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-      if (v < n_vec) sv = *reinterpret_cast<const float4*>(sc_s + v * kKeyTile + 4 * q8);
-      float mx = fmaxf(fmaxf(sv.x, sv.y), fmaxf(sv.z, sv.w));
-      for (int o = 1; o < 8; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      float2 sv = make_float2(-INFINITY, -INFINITY);
+      if (v < n_vec) sv = *reinterpret_cast<const float2*>(sc_s + v * kKeyTile + 2 * qs);
+      float mx = fmaxf(sv.x, sv.y);
+      for (int o = 1; o < kSoftThreads; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       const float m_new = fmaxf(m_old, mx);
       // No key visible yet (m_new = -inf): exp(-inf - -inf) would be NaN, so keep all at zero.
       const bool none = m_new == -INFINITY;
       const float alpha = none ? 1.0f : expf(m_old - m_new);
       const float p0 = none ? 0.0f : expf(sv.x - m_new);
       const float p1 = none ? 0.0f : expf(sv.y - m_new);
-      const float p2 = none ? 0.0f : expf(sv.z - m_new);
-      const float p3 = none ? 0.0f : expf(sv.w - m_new);
-      float sum = (p0 + p1) + (p2 + p3);
-      for (int o = 1; o < 8; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      p_s[(4 * q8 + 0) * S::kPStride + v] = p0;
-      p_s[(4 * q8 + 1) * S::kPStride + v] = p1;
-      p_s[(4 * q8 + 2) * S::kPStride + v] = p2;
-      p_s[(4 * q8 + 3) * S::kPStride + v] = p3;
+      float sum = p0 + p1;
+      for (int o = 1; o < kSoftThreads; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      p_s[(2 * qs + 0) * S::kPStride + v] = p0;
+      p_s[(2 * qs + 1) * S::kPStride + v] = p1;
       __syncwarp();  // the group's reads of m_s[v] above precede the write below
-      if (q8 == 0) {
+      if (qs == 0) {
         m_s[v] = m_new;
         l_s[v] = l_s[v] * alpha + sum;
         alpha_s[v] = alpha;
@@ -348,8 +349,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
     }
     __syncthreads();
 
-    // acc = acc * alpha + P V over the tile's keys (zero-filled rows past key_end have p = 0).
-    if (vbase < n_vec) {
+    // acc = acc * alpha + P V over this thread's keys of the tile (zero-filled rows past key_end
+    // have p = 0).
+    if (pv) {
 #pragma unroll
       for (int i = 0; i < kVpt; ++i) {
         const float al = alpha_s[vbase + i];
@@ -359,23 +361,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
         acc[i].w *= al;
       }
 #pragma unroll 4
-      for (int j = 0; j < kKeyTile; ++j) {
+      for (int j = ks; j < kKeyTile; j += n_ks) {
         const float4 vv = reinterpret_cast<const float4*>(vb + j * D)[dg];
-        const float* pj = p_s + j * S::kPStride + vbase;
-        float p[kVpt];
-        if constexpr (kVpt % 4 == 0) {
-#pragma unroll
-          for (int i = 0; i < kVpt; i += 4) {
-            const float4 p4 = *reinterpret_cast<const float4*>(pj + i);
-            p[i] = p4.x;
-            p[i + 1] = p4.y;
-            p[i + 2] = p4.z;
-            p[i + 3] = p4.w;
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < kVpt; ++i) p[i] = pj[i];
-        }
+        const float4 p4 = *reinterpret_cast<const float4*>(p_s + j * S::kPStride + vbase);
+        const float p[kVpt] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
         for (int i = 0; i < kVpt; ++i) {
           acc[i].x = fmaf(p[i], vv.x, acc[i].x);
@@ -388,7 +377,31 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
     __syncthreads();  // buffers and p_s are rewritten next iteration
   }
 
-  // Results of the tile's vectors (m_s / l_s final after the last barrier).
+  // The key splits' partial sums, into the ks = 0 thread of each (dim group, vector group), in
+  // split order; through the K buffers, free after the last barrier.
+  if (n_ks > 1) {
+    float4* red = reinterpret_cast<float4*>(k_s);
+    if (pv && ks > 0) {
+#pragma unroll
+      for (int i = 0; i < kVpt; ++i) red[(i * kRest + rest) * kDimGroups + dg] = acc[i];
+    }
+    __syncthreads();
+    if (pv && ks == 0) {
+      for (int k2 = 1; k2 < n_ks; ++k2) {
+#pragma unroll
+        for (int i = 0; i < kVpt; ++i) {
+          const float4 x = red[(i * kRest + rest + k2) * kDimGroups + dg];
+          acc[i].x += x.x;
+          acc[i].y += x.y;
+          acc[i].z += x.z;
+          acc[i].w += x.w;
+        }
+      }
+    }
+  }
+  if (!pv || ks != 0) return;
+
+    // Results of the tile's vectors (m_s / l_s final after the last barrier).
 #pragma unroll
   for (int i = 0; i < kVpt; ++i) {
     const int v = vbase + i;
@@ -413,12 +426,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
 // Merges the chunks of each split span: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
 // One block per (span, KV head, vector): thread p < n_active reads chunk p's (max, sum), the
 // block reduces M and the denominator, then the threads split the chunks (kParts groups over the
-// D / 4 float4s of the vector) so that every load of a thread is independent of the others.
+// D / 4 float4s of the vector; the first kPrefetch of each thread loaded at once, with the (max,
+// sum) pairs), so that no load waits for another.
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
   pdl_launch_dependents();
   pdl_wait();  // launched dependent (pdl.cuh): before any read
-  constexpr int kDimGroups = D / 4, kParts = kThreads / kDimGroups, kWarps = kThreads / 32;
+  constexpr int kDimGroups = D / 4, kParts = kThreads / kDimGroups;
   __shared__ float weight_s[kMaxSplits];
   __shared__ float red_s[2][kWarps];
   __shared__ float4 acc_s[kThreads];
@@ -432,6 +446,18 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
   const int64_t split_stride = int64_t{a.part_rows} * a.n_head;
   const int64_t slot =
       int64_t{s} * a.n_splits * split_stride + int64_t{v / G} * a.n_head + g * G + v % G;
+
+  // This thread's first kPrefetch chunks' partial sums, loaded before the weights are known.
+  constexpr int kPrefetch = 4;
+  const int c = t % kDimGroups, part = t / kDimGroups;
+  float4 pre[kPrefetch];
+#pragma unroll
+  for (int i = 0; i < kPrefetch; ++i) {
+    const int p = part + i * kParts;
+    pre[i] = p < n_active
+                 ? reinterpret_cast<const float4*>(a.part_acc + (slot + p * split_stride) * D)[c]
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 
   // Chunk 0 holds key 0, which every row sees, so M is finite; a chunk whose keys a row cannot
   // see has m = -inf and gets weight 0.
@@ -459,10 +485,18 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
   if (t < n_active) weight_s[t] = e / L;
   __syncthreads();
 
-  const int c = t % kDimGroups, part = t / kDimGroups;
   float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int i = 0; i < kPrefetch; ++i) {
+    const int p = part + i * kParts;
+    const float w = p < n_active ? weight_s[p] : 0.0f;
+    o.x = fmaf(w, pre[i].x, o.x);
+    o.y = fmaf(w, pre[i].y, o.y);
+    o.z = fmaf(w, pre[i].z, o.z);
+    o.w = fmaf(w, pre[i].w, o.w);
+  }
 #pragma unroll 4
-  for (int p = part; p < n_active; p += kParts) {
+  for (int p = part + kPrefetch * kParts; p < n_active; p += kParts) {
     const float w = weight_s[p];
     const float4 x = reinterpret_cast<const float4*>(a.part_acc + (slot + p * split_stride) * D)[c];
     o.x = fmaf(w, x.x, o.x);
