@@ -151,6 +151,25 @@ struct Layer {
     gpu_a = gpu().place(host_a);
     gpu_norm = gpu().place(host_norm);
   }
+
+  // The GPU op's arguments: the step's inputs in device memory, a device state, out.
+  DeltaNetArgs device_args(const float* qkv, const float* z, const float* alpha, const float* beta,
+                           const RecurrentLayer& state, float* out) const {
+    return {.qkv = qkv,
+            .z = z,
+            .alpha = alpha,
+            .beta = beta,
+            .conv = gpu_conv,
+            .dt_bias = gpu_dt_bias,
+            .a = gpu_a,
+            .norm = gpu_norm,
+            .state = state,
+            .out = out,
+            .n_k_heads = hk,
+            .n_v_heads = hv,
+            .head_dim = d,
+            .eps = kEps};
+  }
 };
 
 // The recurrent state of both backends: the ref's in host vectors, the GPU's in alloc_buffer
@@ -236,20 +255,8 @@ void run_step(const Layer& l, const Step& step, States& st, std::mt19937_64& rng
 
   ops.begin_step(step.layout(chunked ? DeltaNetMode::kChunked : DeltaNetMode::kAuto));
   float* out = to_device(std::vector<float>(n * l.nv, NAN));
-  ops.deltanet({.qkv = to_device(qkv),
-                .z = to_device(z),
-                .alpha = to_device(alpha),
-                .beta = to_device(beta),
-                .conv = l.gpu_conv,
-                .dt_bias = l.gpu_dt_bias,
-                .a = l.gpu_a,
-                .norm = l.gpu_norm,
-                .state = st.device,
-                .out = out,
-                .n_k_heads = l.hk,
-                .n_v_heads = l.hv,
-                .head_dim = l.d,
-                .eps = kEps});
+  ops.deltanet(l.device_args(to_device(qkv), to_device(z), to_device(alpha), to_device(beta),
+                             st.device, out));
   const auto got = to_host(out, n * l.nv);
   const auto got_conv = to_host(st.device.conv, st.conv_floats);
   const auto got_delta = to_host(st.device.delta, st.delta_floats);
@@ -350,20 +357,7 @@ TEST(CudaDeltaNetFoldedConv, EqualsTheConvLaunchBitForBit) {
     float* out_a = to_device(std::vector<float>(n * l.nv, NAN));
     float* out_b = to_device(std::vector<float>(n * l.nv, NAN));
     auto args = [&](const States& st, float* out) {
-      return DeltaNetArgs{.qkv = qkv,
-                          .z = z,
-                          .alpha = alpha,
-                          .beta = beta,
-                          .conv = l.gpu_conv,
-                          .dt_bias = l.gpu_dt_bias,
-                          .a = l.gpu_a,
-                          .norm = l.gpu_norm,
-                          .state = st.device,
-                          .out = out,
-                          .n_k_heads = l.hk,
-                          .n_v_heads = l.hv,
-                          .head_dim = l.d,
-                          .eps = kEps};
+      return l.device_args(qkv, z, alpha, beta, st.device, out);
     };
     cuda::DeviceStep shape;  // the bounds deltanet's choice reads
     shape.n = n;
