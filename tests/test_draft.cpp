@@ -67,6 +67,85 @@ TEST(DraftController, GrowsShrinksAndPauses) {
   EXPECT_EQ(DraftController(0).depth(), 0);
 }
 
+TEST(DraftController, AcceptanceFollowsTheTestedDrafts) {
+  DraftController c(4);
+  EXPECT_DOUBLE_EQ(c.acceptance(), DraftController::kPriorAcceptance);
+  c.record(4, 4);  // 4 tested, 4 held
+  const double w = DraftController::kPriorWeight, p = DraftController::kPriorAcceptance;
+  EXPECT_DOUBLE_EQ(c.acceptance(), (4 + p * w) / (4 + w));
+  c.record(4, 1);  // the second draft missed: 2 tested, 1 held
+  const double d = DraftController::kDecay;
+  EXPECT_DOUBLE_EQ(c.acceptance(), (d * 4 + 1 + p * w) / (d * 4 + 2 + w));
+  // Every first draft misses: towards p w / (1 / (1 - d) + w) = 1.2 / 12 (one draft tested a
+  // check, the prior never forgotten).
+  for (int i = 0; i < 60; ++i) c.record(3, 0);
+  EXPECT_NEAR(c.acceptance(), p * w / (1 / (1 - d) + w), 1e-3);
+  for (int i = 0; i < 60; ++i) c.record(3, 3);
+  EXPECT_GT(c.acceptance(), 0.9);
+}
+
+// Records `seconds` for a step of `rows` rows as a measured cost: the warm-up steps first, with a
+// cost the model must not count.
+void measure(DraftCostModel& m, int64_t rows, double seconds) {
+  for (int i = 0; i < DraftCostModel::kWarmupSteps; ++i) m.record_step(rows, 100 * seconds);
+  m.record_step(rows, seconds);
+}
+
+TEST(DraftCostModel, MeasuresThePlainStepThenOneDraft) {
+  DraftCostModel m;
+  EXPECT_EQ(m.depth(4, 0.9, 0), 0) << "nothing measured: a plain step";
+  for (int i = 0; i < DraftCostModel::kWarmupSteps; ++i) m.record_step(1, 1e-3);
+  EXPECT_EQ(m.depth(4, 0.9, 0), 0) << "only warm-up steps of one row";
+  m.record_step(1, 1e-3);
+  EXPECT_DOUBLE_EQ(m.cost(1), 1e-3);
+  EXPECT_LT(m.cost(2), 0) << "two rows: no estimate from one row count";
+  EXPECT_EQ(m.depth(4, 0.9, 0), 1) << "one draft, to measure a two-row step";
+  EXPECT_EQ(m.depth(0, 0.9, 0), 0) << "the sequence drafts nothing";
+}
+
+TEST(DraftCostModel, EstimatesUnmeasuredRowsAlongALine) {
+  DraftCostModel m;
+  measure(m, 1, 1.0);
+  measure(m, 3, 1.4);
+  EXPECT_DOUBLE_EQ(m.cost(2), 1.2);  // between 1 and 3
+  EXPECT_DOUBLE_EQ(m.cost(5), 1.8);  // beyond 3, on the line through 1 and 3
+  EXPECT_LT(m.cost(DraftCostModel::kMaxRows + 1), 0);
+  m.record_step(3, 2.4);  // the average moves: 0.8 * 1.4 + 0.2 * 2.4
+  EXPECT_DOUBLE_EQ(m.cost(3), 1.6);
+}
+
+TEST(DraftCostModel, ComputeBoundStepsNeverDraft) {
+  DraftCostModel m;
+  for (int r = 1; r <= 8; ++r) measure(m, r, 1e-3 * r);  // a row costs a plain step
+  for (double a : {0.3, 0.7, 0.95, 1.0}) EXPECT_EQ(m.depth(7, a, 0), 0) << a;
+}
+
+TEST(DraftCostModel, BandwidthBoundStepsDraftAsDeepAsPays) {
+  DraftCostModel m;
+  for (int r = 1; r <= 8; ++r) measure(m, r, 1.0 + 0.1 * (r - 1));  // a row costs a tenth
+  // Tokens a second for j drafts at acceptance 0.8: E(j) / (1 + 0.1 j), E(j) = 1 + 0.8 + ...:
+  // 1.64, 2.03, 2.27, 2.40, 2.46, 2.470 (j = 6), 2.448: six.
+  EXPECT_EQ(m.depth(7, 0.8, 0), 6);
+  EXPECT_EQ(m.depth(3, 0.8, 0), 3) << "capped by the sequence's depth";
+  EXPECT_EQ(m.depth(7, 0.05, 0), 0) << "E(1) = 1.05 does not pay for 1.1";
+  // The drafter's cost a token moves the best depth: 0.05 a token makes j = 5 best (2.108
+  // against 2.101 at 4 and 2.080 at 6).
+  m.record_drafting(4, 0.2);
+  EXPECT_EQ(m.depth(7, 0.8, 0), 5);
+}
+
+TEST(DraftCostModel, CountsTheOtherRowsOfTheStep) {
+  DraftCostModel m;
+  // Three other rows: plain is 4 rows, 4 tokens in 4.0; one draft at acceptance 1 gives 5 tokens
+  // in 4.6 (5 rows): 1.087 tokens a unit against 1.0 x 1.03.
+  for (int r = 1; r <= 8; ++r) measure(m, r, r <= 4 ? 1.0 * r : 4.0 + 0.6 * (r - 4));
+  EXPECT_EQ(m.depth(1, 1.0, 3), 1);
+  // At acceptance 0.5: 4.5 tokens in 4.6, below the plain step's rate.
+  EXPECT_EQ(m.depth(1, 0.5, 3), 0);
+  // Alone, the same costs are compute-bound (a row a unit up to four rows): no drafts.
+  EXPECT_EQ(m.depth(3, 1.0, 0), 0);
+}
+
 using Outcome = testing_support::DraftOutcome;
 using testing_support::expect_same;
 inline Sink collect(Outcome& o) {
@@ -174,6 +253,20 @@ TEST_P(DraftExactTest, GreedyOutputIsTheSameAtEveryDepth) {
   }
   // The repeating prompts make the drafter hit: the checks did take drafts.
   EXPECT_GT(accepted, 0);
+}
+
+// The cost model on (the default): it chooses the depths (and plain steps, and probes) from the
+// measured step times, which change between runs; the output stays the plain one.
+TEST_P(DraftExactTest, GreedyOutputIsTheSameWithTheCostModel) {
+  MatmulIsaCap cap;
+  const bool ref = std::string(GetParam().backend) == "ref";
+  const auto seqs = prompts(ref ? 40 : 200, 0.0f);
+  const auto plain = run(seqs, {});
+  const auto drafted = run(seqs, {.kind = DraftKind::kNgram, .max_tokens = 4});
+  expect_same(exact(), plain, drafted, "cost model");
+  int64_t checks = 0;
+  for (const auto& o : drafted) checks += o.last.n_checks;
+  EXPECT_GT(checks, 0) << "a two-row step is measured with a check before the model decides";
 }
 
 TEST_P(DraftExactTest, SeededSamplingIsTheSame) {

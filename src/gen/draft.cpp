@@ -47,6 +47,8 @@ int DraftController::depth() {
 
 void DraftController::record(int drafted, int accepted) {
   if (drafted <= 0) return;
+  held_ = kDecay * held_ + accepted;
+  tested_ = kDecay * tested_ + std::min(accepted + 1, drafted);
   if (accepted == drafted) {
     depth_ = std::min(max_, depth_ + 1);
   } else {
@@ -60,6 +62,74 @@ void DraftController::record(int drafted, int accepted) {
   } else {
     misses_ = 0;
   }
+}
+
+namespace {
+constexpr double kAverage = 0.8;  // a moving average's weight on what came before
+double average(double avg, int n, double x) {
+  return n == 0 ? x : kAverage * avg + (1 - kAverage) * x;
+}
+}  // namespace
+
+bool DraftCostModel::measured(int64_t rows) const {
+  return rows >= 1 && rows <= kMaxRows && by_rows_[rows].steps > kWarmupSteps;
+}
+
+void DraftCostModel::record_step(int64_t rows, double seconds) {
+  if (rows < 1 || rows > kMaxRows || !(seconds >= 0)) return;
+  Cost& c = by_rows_[rows];
+  if (c.steps >= kWarmupSteps) c.seconds = average(c.seconds, c.steps - kWarmupSteps, seconds);
+  ++c.steps;
+}
+
+void DraftCostModel::record_drafting(int64_t drafts, double seconds) {
+  if (drafts <= 0 || !(seconds >= 0)) return;
+  draft_seconds_ = average(draft_seconds_, draft_samples_++, seconds / static_cast<double>(drafts));
+}
+
+double DraftCostModel::cost(int64_t rows) const {
+  if (rows < 1 || rows > kMaxRows) return -1;
+  if (measured(rows)) return by_rows_[rows].seconds;
+  // The measured row counts nearest below and above (a second one below when none is above).
+  int64_t lo = -1, lo2 = -1, hi = -1;
+  for (int64_t r = rows - 1; r >= 1 && lo2 < 0; --r) {
+    if (!measured(r)) continue;
+    (lo < 0 ? lo : lo2) = r;
+  }
+  for (int64_t r = rows + 1; r <= kMaxRows && hi < 0; ++r) {
+    if (measured(r)) hi = r;
+  }
+  auto line = [&](int64_t a, int64_t b) {  // through the costs at a and b, at rows
+    const double ca = by_rows_[a].seconds, cb = by_rows_[b].seconds;
+    return ca + (cb - ca) * static_cast<double>(rows - a) / static_cast<double>(b - a);
+  };
+  if (lo > 0 && hi > 0) return line(lo, hi);
+  if (lo > 0 && lo2 > 0) return std::max(by_rows_[lo].seconds, line(lo2, lo));
+  return -1;
+}
+
+int DraftCostModel::depth(int max_depth, double acceptance, int64_t other_rows) const {
+  const int64_t plain_rows = other_rows + 1;
+  const double plain = cost(plain_rows);
+  if (max_depth <= 0 || plain <= 0 || !measured(plain_rows)) return 0;  // measure plain first
+  const double a = std::clamp(acceptance, 0.0, 1.0);
+  const double plain_rate = static_cast<double>(plain_rows) / plain;
+  int best = 0;
+  double best_rate = plain_rate * (1 + kMargin);
+  double yield = 1, power = 1;  // E(j) and a^j
+  for (int j = 1; j <= max_depth && plain_rows + j <= kMaxRows; ++j) {
+    power *= a;
+    yield += power;
+    const double c = cost(plain_rows + j);
+    if (c <= 0) return best > 0 ? best : j;  // not estimable yet: measure it
+    const double rate =
+        (static_cast<double>(other_rows) + yield) / (c + static_cast<double>(j) * draft_seconds_);
+    if (rate > best_rate) {
+      best = j;
+      best_rate = rate;
+    }
+  }
+  return best;
 }
 
 }  // namespace qwenrt::gen

@@ -32,8 +32,9 @@ struct DraftOptions {
   // down to ngram_min, proposes what followed its most recent earlier occurrence.
   int ngram_min = 2;
   int ngram_max = 4;
-  // Pause drafting while checks cost more per generated token than plain steps (the scheduler
-  // times its steps); off: draft whenever the drafter has something (tests).
+  // Draft only the depth the measured step costs and the sequence's acceptance say pays
+  // (DraftCostModel; the scheduler times its steps); off: draft whenever the drafter has
+  // something (tests).
   bool pause_when_slower = true;
 };
 
@@ -47,6 +48,11 @@ void draft_ngram(std::span<const int32_t> prompt, std::span<const int32_t> gener
 // whose drafts were all accepted and falls to one more than the accepted count after a miss;
 // after kMissesToPause checks in a row that accepted nothing, drafting pauses for kPauseSteps
 // decode steps (plain steps cost least when the drafter keeps missing).
+//
+// It also keeps the sequence's acceptance: the chance that a draft holds given that the ones
+// before it did, from decayed counts of the drafts its checks tested (a check that accepts j of k
+// tested min(j + 1, k): the first miss ends the test), starting from kPriorAcceptance worth
+// kPriorWeight drafts.
 class DraftController {
  public:
   explicit DraftController(int max_depth = 0) : max_(max_depth), depth_(max_depth) {}
@@ -55,15 +61,56 @@ class DraftController {
   void record(int drafted, int accepted);
   // Whether the next depth() may be above zero (not off, not paused).
   bool drafts_next() const { return max_ > 0 && paused_ == 0; }
+  double acceptance() const {
+    return (held_ + kPriorAcceptance * kPriorWeight) / (tested_ + kPriorWeight);
+  }
 
   static constexpr int kMissesToPause = 4;
   static constexpr int kPauseSteps = 16;
+  static constexpr double kPriorAcceptance = 0.6;
+  static constexpr double kPriorWeight = 2;
+  static constexpr double kDecay = 0.9;  // a check's weight against the one after it
 
  private:
   int max_;
   int depth_;
   int misses_ = 0;
   int paused_ = 0;
+  double held_ = 0, tested_ = 0;  // decayed counts of drafts accepted / tested
+};
+
+// Whether drafting pays on this engine, and how deep: the seconds of a decode-only step by its
+// rows and the drafter's seconds per drafted token (moving averages, measured by the scheduler).
+// The first kWarmupSteps steps of each row count are not counted: a shape's first steps grow
+// workspaces, and on the cuda backend run eagerly and then capture a graph.
+//
+// A sequence that may draft up to k tokens, with acceptance a, in a step beside b other rows,
+// drafts the depth j <= k that maximises (b + E(j)) / (cost(b + 1 + j) + j d), where
+// E(j) = 1 + a + ... + a^j is the tokens a check of j drafts yields on average and d the
+// drafter's cost a token, and only when that beats the plain step's (b + 1) / cost(b + 1) by
+// kMargin. A row count not measured yet costs what a straight line through the measured ones
+// around it says; with one row count measured, one draft (which measures the next).
+class DraftCostModel {
+ public:
+  void record_step(int64_t rows, double seconds);
+  void record_drafting(int64_t drafts, double seconds);
+  int depth(int max_depth, double acceptance, int64_t other_rows) const;
+  // A step of `rows` rows, in seconds (measured or estimated); negative when no estimate exists.
+  double cost(int64_t rows) const;
+
+  static constexpr int kWarmupSteps = 2;
+  static constexpr int64_t kMaxRows = 64;  // steps with more rows are not modelled
+  static constexpr double kMargin = 0.03;
+
+ private:
+  struct Cost {
+    double seconds = 0;
+    int steps = 0;  // counted, warm-up steps included
+  };
+  bool measured(int64_t rows) const;
+  Cost by_rows_[kMaxRows + 1];
+  double draft_seconds_ = 0;  // a drafted token
+  int draft_samples_ = 0;
 };
 
 }  // namespace qwenrt::gen

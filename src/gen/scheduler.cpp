@@ -393,10 +393,16 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     hidden_rows += e.n_rows;
   };
   const auto t_chain = Clock::now();
+  int64_t decode_rows = 0;  // the step's decode rows: fed tokens, then drafts as they are chosen
+  for (Sequence* s : order) {
+    if (!s->prefilling()) decode_rows += static_cast<int64_t>(s->feed.size());
+  }
   for (Sequence* s : order) {
     s->drafts.clear();
     s->draft_depth = 0;
-    if (!s->prefilling() && s->feed.size() == 1) make_drafts(*s);
+    if (s->prefilling() || s->feed.size() != 1) continue;
+    const int32_t n = make_drafts(*s, decode_rows - 1);
+    decode_rows += std::max<int64_t>(n, s->draft_depth);
   }
   if (options.draft.kind == DraftKind::kMtp) chain_mtp_drafts();
   const double chain_seconds = seconds_between(t_chain, Clock::now());
@@ -462,9 +468,9 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
   }
 
   Clock::time_point t_step = Clock::now();
-  if (draft_cost.paused > 0) --draft_cost.paused;
-  bool checked = false;
-  for (const Entry& e : entries) checked = checked || e.n_drafts > 0;
+  int64_t n_drafts = 0;
+  for (const Entry& e : entries) n_drafts += e.n_drafts;
+  double step_seconds = 0, mtp_seconds = 0;
   uint64_t generated_before = 0, drafted = 0, accepted = 0;
   for (const Entry& e : entries) {
     generated_before += e.seq->generated.size();
@@ -525,7 +531,9 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
           take(s, token, nullptr);
         }
       }
+      step_seconds = seconds_between(t_step, Clock::now());  // the step and its checks' rollbacks
       if (options.draft.kind == DraftKind::kMtp) {
+        const auto t_mtp = Clock::now();
         try {
           feed_mtp();
         } catch (const std::exception& ex) {
@@ -535,6 +543,7 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
               finish(*e.seq, FinishReason::kError, ex.what());
           }
         }
+        mtp_seconds = seconds_between(t_mtp, Clock::now());
         for (const Entry& e : entries) {
           Sequence& s = *e.seq;
           if (!s.snapshot_due) continue;
@@ -550,11 +559,12 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
     drafted += e.seq->n_drafted;
     accepted += e.seq->n_accepted;
   }
-  // Decode-only steps (a prompt chunk would swamp the comparison).
+  // Decode-only steps (a prompt chunk would swamp the comparison). The drafter's time: the MTP
+  // chain before the step and the MTP rows after it (which draft the next step's first token).
   if (options.draft.kind != DraftKind::kNone && options.draft.pause_when_slower &&
-      prompt_rows == 0 && batch.size() > 0)
-    record_step_cost(checked, chain_seconds + seconds_between(t_step, Clock::now()),
-                     generated_after - generated_before);
+      prompt_rows == 0 && batch.size() > 0 && step_seconds > 0)
+    record_step_cost(static_cast<int64_t>(batch.size()), step_seconds, n_drafts,
+                     chain_seconds + mtp_seconds);
 
   {
     std::lock_guard lock(mutex);

@@ -70,6 +70,11 @@ struct Sequence {
   int64_t n_drafted = 0, n_accepted = 0, n_checks = 0;
   bool checking = false;  // the slot still holds every row of the check being taken
   int draft_depth = 0;    // the drafts the step being built wants
+  // The cost model's verdict for this sequence (options.draft.pause_when_slower): its last
+  // decision was a plain step, and the decode steps in a row it chose plain (a probe of one draft
+  // every kProbeSteps refreshes the acceptance that keeps it plain).
+  bool cost_paused = false;
+  int plain_steps = 0;
   // MTP drafting (DraftKind::kMtp): the trunk position of the next MTP row to feed (row p pairs
   // the trunk's hidden state at p with the token at p + 1); the draft the last fed row made (for
   // the position after the token to feed) and that row's output hidden state, the chain's input.
@@ -129,8 +134,9 @@ struct Scheduler::Impl {
 
   // Speculative decoding (speculate.cpp).
   // The drafts the sequence's next decode step checks (into seq.drafts; an MTP chain gets its
-  // first draft there and the rest from chain_mtp_drafts); their count.
-  int32_t make_drafts(Sequence& seq);
+  // first draft there and the rest from chain_mtp_drafts); their count. `other_rows`: the rows
+  // the step holds beside the sequence's own token so far (the cost model's b).
+  int32_t make_drafts(Sequence& seq, int64_t other_rows);
   // Extends every sequence's MTP drafts to its depth: one MTP forward per drafted position for
   // all of them at once, each row the previous draft and the MTP block's own output hidden state;
   // then drops those rows from the MTP track.
@@ -146,8 +152,9 @@ struct Scheduler::Impl {
   // After a check: takes the sampled tokens while they equal the drafts, then rolls the slot
   // back to what was accepted. `first` indexes the check's first sampled token.
   void check_drafts(Sequence& seq, const Entry& e, size_t first);
-  // Counts a decode-only step into draft_cost (pausing drafting when checks cost more).
-  void record_step_cost(bool checked, double seconds, uint64_t tokens);
+  // Counts a decode-only step of `rows` rows into draft_cost, and the drafter's seconds for the
+  // step's drafts.
+  void record_step_cost(int64_t rows, double seconds, int64_t drafts, double draft_seconds);
 
   engine::Engine& engine;
   const tokenizer::Tokenizer& tokenizer;
@@ -180,16 +187,9 @@ struct Scheduler::Impl {
   std::vector<int32_t> mtp_drafts;
   std::vector<float> mtp_out;  // the MTP rows' output hidden states
   std::vector<Sequence*> mtp_rows_of;
-  // Whether checks pay on this engine: seconds per generated token of decode-only steps with and
-  // without checks (moving averages). When checks cost more per token than plain steps, drafting
-  // pauses for kCostPauseSteps steps, then is measured again.
-  struct DraftCost {
-    double plain = 0, check = 0;
-    int n_plain = 0, n_check = 0;
-    int paused = 0;
-  } draft_cost;
-  static constexpr int kCostSamples = 4;
-  static constexpr int kCostPauseSteps = 256;
+  // Whether and how deep drafting pays on this engine (options.draft.pause_when_slower).
+  DraftCostModel draft_cost;
+  static constexpr int kProbeSteps = 128;
   static constexpr int64_t kMtpHeldRows = 64;
 };
 

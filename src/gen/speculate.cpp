@@ -8,23 +8,15 @@
 
 namespace qwenrt::gen {
 
-void Scheduler::Impl::record_step_cost(bool checked, double seconds, uint64_t tokens) {
-  if (tokens == 0) return;
-  DraftCost& c = draft_cost;
-  const double per_token = seconds / static_cast<double>(tokens);
-  double& avg = checked ? c.check : c.plain;
-  int& n = checked ? c.n_check : c.n_plain;
-  avg = n == 0 ? per_token : 0.8 * avg + 0.2 * per_token;
-  ++n;
-  if (c.n_check >= kCostSamples && c.n_plain >= kCostSamples && c.check > c.plain) {
-    c.paused = kCostPauseSteps;
-    c.n_check = 0;  // measured afresh after the pause
-  }
+void Scheduler::Impl::record_step_cost(int64_t rows, double seconds, int64_t drafts,
+                                       double draft_seconds) {
+  draft_cost.record_step(rows, seconds);
+  draft_cost.record_drafting(drafts, draft_seconds);
 }
 
-int32_t Scheduler::Impl::make_drafts(Sequence& seq) {
+int32_t Scheduler::Impl::make_drafts(Sequence& seq, int64_t other_rows) {
   seq.drafts.clear();
-  if (!seq.forced.empty() || draft_cost.paused > 0) return 0;
+  if (!seq.forced.empty()) return 0;
   int depth = seq.controller.depth();
   // Room: the drafts and the token after them must fit max_tokens and the context.
   const int64_t left_tokens = seq.params.max_tokens - static_cast<int64_t>(seq.generated.size());
@@ -36,15 +28,30 @@ int32_t Scheduler::Impl::make_drafts(Sequence& seq) {
     depth = std::min(depth, *seq.params.thinking_budget - seq.thinking_tokens - 1);
     if (depth <= 0) return 0;
   }
+  bool probe = false;
+  if (options.draft.pause_when_slower) {
+    const int chosen = draft_cost.depth(depth, seq.controller.acceptance(), other_rows);
+    // Plain for kProbeSteps steps in a row: one draft, whatever the model says, so that the
+    // acceptance keeping it plain is measured again (pending until a draft is there to check).
+    probe = chosen == 0 && seq.plain_steps >= kProbeSteps;
+    depth = probe ? 1 : chosen;
+    seq.cost_paused = depth == 0;
+    if (depth == 0) {
+      ++seq.plain_steps;
+      return 0;
+    }
+    if (!probe) seq.plain_steps = 0;
+  }
   const DraftOptions& o = options.draft;
   if (o.kind == DraftKind::kMtp) {
     if (seq.mtp_first) {
       seq.drafts.push_back(*seq.mtp_first);
       seq.draft_depth = depth;
     }
-    return static_cast<int32_t>(seq.drafts.size());
+  } else {
+    draft_ngram(seq.params.prompt, seq.generated, o.ngram_min, o.ngram_max, depth, seq.drafts);
   }
-  draft_ngram(seq.params.prompt, seq.generated, o.ngram_min, o.ngram_max, depth, seq.drafts);
+  if (probe && !seq.drafts.empty()) seq.plain_steps = 0;
   return static_cast<int32_t>(seq.drafts.size());
 }
 
@@ -104,7 +111,7 @@ void Scheduler::Impl::feed_mtp() {
     if (s.mtp_next >= end) continue;
     // The next step may draft: the last row's logits give its first draft.
     const bool first = !s.prefilling() && s.feed.size() == 1 && s.forced.empty() &&
-                       draft_cost.paused == 0 && s.controller.drafts_next();
+                       !s.cost_paused && s.controller.drafts_next();
     const auto hidden_at = [&](int64_t p) {
       return p < en.first_position ? s.mtp_held.data() + (p - s.mtp_next) * e
                                    : hidden.data() + (en.hidden_row + p - en.first_position) * e;
