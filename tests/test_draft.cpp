@@ -100,6 +100,7 @@ TEST(DraftCostModel, MeasuresThePlainStepThenOneDraft) {
   EXPECT_DOUBLE_EQ(m.cost(1), 1e-3);
   EXPECT_LT(m.cost(2), 0) << "two rows: no estimate from one row count";
   EXPECT_EQ(m.depth(4, 0.9, 0), 1) << "one draft, to measure a two-row step";
+  EXPECT_EQ(m.depth(4, 0.9, 0, false), 0) << "not when the caller does not let it explore";
   EXPECT_EQ(m.depth(0, 0.9, 0), 0) << "the sequence drafts nothing";
 }
 
@@ -266,7 +267,11 @@ TEST_P(DraftExactTest, GreedyOutputIsTheSameWithTheCostModel) {
   expect_same(exact(), plain, drafted, "cost model");
   int64_t checks = 0;
   for (const auto& o : drafted) checks += o.last.n_checks;
-  EXPECT_GT(checks, 0) << "a two-row step is measured with a check before the model decides";
+  // A reply of kExploreAfter tokens measures a two-row step with a check (the oracle's replies of
+  // 40 tokens at most may end before their drafter finds a match).
+  if (!ref) {
+    EXPECT_GT(checks, 0) << "no check measured a two-row step";
+  }
 }
 
 TEST_P(DraftExactTest, SeededSamplingIsTheSame) {

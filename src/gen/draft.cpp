@@ -108,7 +108,8 @@ double DraftCostModel::cost(int64_t rows) const {
   return -1;
 }
 
-int DraftCostModel::depth(int max_depth, double acceptance, int64_t other_rows) const {
+int DraftCostModel::depth(int max_depth, double acceptance, int64_t other_rows,
+                          bool may_explore) const {
   const int64_t plain_rows = other_rows + 1;
   const double plain = cost(plain_rows);
   if (max_depth <= 0 || plain <= 0 || !measured(plain_rows)) return 0;  // measure plain first
@@ -121,7 +122,7 @@ int DraftCostModel::depth(int max_depth, double acceptance, int64_t other_rows) 
     power *= a;
     yield += power;
     const double c = cost(plain_rows + j);
-    if (c <= 0) return best > 0 ? best : j;  // not estimable yet: measure it
+    if (c <= 0) return best > 0 || !may_explore ? best : j;  // not estimable yet: measure it
     const double rate =
         (static_cast<double>(other_rows) + yield) / (c + static_cast<double>(j) * draft_seconds_);
     if (rate > best_rate) {

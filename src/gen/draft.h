@@ -89,12 +89,14 @@ class DraftController {
 // E(j) = 1 + a + ... + a^j is the tokens a check of j drafts yields on average and d the
 // drafter's cost a token, and only when that beats the plain step's (b + 1) / cost(b + 1) by
 // kMargin. A row count not measured yet costs what a straight line through the measured ones
-// around it says; with one row count measured, one draft (which measures the next).
+// around it says; with one row count measured, one draft measures the next (when the caller lets
+// it explore: the scheduler does once a reply is kExploreAfter tokens long, so that short replies
+// never pay for a new shape's first steps).
 class DraftCostModel {
  public:
   void record_step(int64_t rows, double seconds);
   void record_drafting(int64_t drafts, double seconds);
-  int depth(int max_depth, double acceptance, int64_t other_rows) const;
+  int depth(int max_depth, double acceptance, int64_t other_rows, bool may_explore = true) const;
   // A step of `rows` rows, in seconds (measured or estimated); negative when no estimate exists.
   double cost(int64_t rows) const;
 
