@@ -36,6 +36,9 @@ struct DraftOptions {
   // (DraftCostModel; the scheduler times its steps); off: draft whenever the drafter has
   // something (tests).
   bool pause_when_slower = true;
+  // The cost model explores a new depth (one draft, to measure its step) only in replies this
+  // many tokens long, so that short replies never pay for a new shape's first steps.
+  int explore_after = 32;
 };
 
 // Prompt lookup: up to `max` tokens that followed the most recent earlier occurrence of the last
@@ -90,8 +93,8 @@ class DraftController {
 // drafter's cost a token, and only when that beats the plain step's (b + 1) / cost(b + 1) by
 // kMargin. A row count not measured yet costs what a straight line through the measured ones
 // around it says; with one row count measured, one draft measures the next (when the caller lets
-// it explore: the scheduler does once a reply is kExploreAfter tokens long, so that short replies
-// never pay for a new shape's first steps).
+// it explore: the scheduler does once a reply is DraftOptions::explore_after tokens long, so that
+// short replies never pay for a new shape's first steps).
 class DraftCostModel {
  public:
   void record_step(int64_t rows, double seconds);

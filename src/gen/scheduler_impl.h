@@ -190,7 +190,6 @@ struct Scheduler::Impl {
   // Whether and how deep drafting pays on this engine (options.draft.pause_when_slower).
   DraftCostModel draft_cost;
   static constexpr int kProbeSteps = 128;
-  static constexpr int64_t kExploreAfter = 32;  // tokens of a reply before it measures a new depth
   static constexpr int64_t kMtpHeldRows = 64;
 };
 

@@ -30,7 +30,7 @@ int32_t Scheduler::Impl::make_drafts(Sequence& seq, int64_t other_rows) {
   }
   bool probe = false;
   if (options.draft.pause_when_slower) {
-    const bool explore = static_cast<int64_t>(seq.generated.size()) >= kExploreAfter;
+    const bool explore = static_cast<int64_t>(seq.generated.size()) >= options.draft.explore_after;
     const int chosen = draft_cost.depth(depth, seq.controller.acceptance(), other_rows, explore);
     // Plain for kProbeSteps steps in a row: one draft, whatever the model says, so that the
     // acceptance keeping it plain is measured again (pending until a draft is there to check).
