@@ -562,9 +562,10 @@ bool Scheduler::Impl::iterate(std::vector<std::pair<Sink*, SequenceUpdate>>& out
   // Decode-only steps (a prompt chunk would swamp the comparison). The drafter's time: the MTP
   // chain before the step and the MTP rows after it (which draft the next step's first token).
   if (options.draft.kind != DraftKind::kNone && options.draft.pause_when_slower &&
-      prompt_rows == 0 && batch.size() > 0 && step_seconds > 0)
-    record_step_cost(static_cast<int64_t>(batch.size()), step_seconds, n_drafts,
-                     chain_seconds + mtp_seconds);
+      prompt_rows == 0 && batch.size() > 0 && step_seconds > 0) {
+    draft_cost.record_step(static_cast<int64_t>(batch.size()), step_seconds);
+    draft_cost.record_drafting(n_drafts, chain_seconds + mtp_seconds);
+  }
 
   {
     std::lock_guard lock(mutex);

@@ -152,9 +152,6 @@ struct Scheduler::Impl {
   // After a check: takes the sampled tokens while they equal the drafts, then rolls the slot
   // back to what was accepted. `first` indexes the check's first sampled token.
   void check_drafts(Sequence& seq, const Entry& e, size_t first);
-  // Counts a decode-only step of `rows` rows into draft_cost, and the drafter's seconds for the
-  // step's drafts.
-  void record_step_cost(int64_t rows, double seconds, int64_t drafts, double draft_seconds);
 
   engine::Engine& engine;
   const tokenizer::Tokenizer& tokenizer;

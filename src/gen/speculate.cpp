@@ -8,12 +8,6 @@
 
 namespace qwenrt::gen {
 
-void Scheduler::Impl::record_step_cost(int64_t rows, double seconds, int64_t drafts,
-                                       double draft_seconds) {
-  draft_cost.record_step(rows, seconds);
-  draft_cost.record_drafting(drafts, draft_seconds);
-}
-
 int32_t Scheduler::Impl::make_drafts(Sequence& seq, int64_t other_rows) {
   seq.drafts.clear();
   if (!seq.forced.empty()) return 0;

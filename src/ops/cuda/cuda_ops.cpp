@@ -718,14 +718,11 @@ class CudaOps final : public Ops {
   }
 
   uint64_t generation() const {
-    return ((((arena_.generation() * 1000003u + scratch_.generation()) * 1000003u +
-              side_scratch_.generation()) *
-                 1000003u +
-             layout_generation_) *
-                1000003u +
-            ple_stage_generation_) *
-               1000003u +
-           counter_generation_;
+    uint64_t g = 0;
+    for (uint64_t part : {arena_.generation(), scratch_.generation(), side_scratch_.generation(),
+                          layout_generation_, ple_stage_generation_, counter_generation_})
+      g = g * 1000003u + part;
+    return g;
   }
 
   void choose_mode(const StepLayout& l) {

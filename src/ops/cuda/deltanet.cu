@@ -37,6 +37,16 @@ __device__ __forceinline__ float silu(float x) {
 
 using chunked::output_gate;  // the gated norm's silu(z), or sigmoid(z) for qwen4exp
 
+// One output of the causal conv + SiLU: taps w against the window win (oldest input first).
+// Both the conv launch and the delta rule with the conv folded in use it: the same values.
+template <int K>
+__device__ __forceinline__ float conv_silu(const float (&w)[K], const float (&win)[K]) {
+  float acc = 0;
+#pragma unroll
+  for (int j = 0; j < K; ++j) acc = fmaf(w[j], win[j], acc);
+  return silu(acc);
+}
+
 // ---- 1. conv1d + SiLU ----
 // Thread = channel, block = 128 channels x a tile of kConvRows consecutive rows (the rows of any
 // spans: a tile of decode rows covers up to 16 spans, a prefill span covers many tiles). The grid
@@ -105,10 +115,7 @@ __global__ void __launch_bounds__(kConvThreads, 4)  // 4: ptxas spills at its ow
     }
     for (int64_t t = t_lo; t < t_hi; ++t) {
       win[K - 1] = x[(begin + t) * C + c];
-      float acc = 0;
-#pragma unroll
-      for (int j = 0; j < K; ++j) acc = fmaf(w[j], win[j], acc);
-      mixed[(begin + t) * C + c] = silu(acc);
+      mixed[(begin + t) * C + c] = conv_silu(w, win);
 #pragma unroll
       for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
     }
@@ -179,8 +186,8 @@ struct DeltaParams {
 };
 
 // Conv folded in (CK > 0: the conv's taps; every span of the step has at most one row): the
-// block computes the conv + SiLU of the channels it reads, as conv_silu_kernel does (the same
-// arithmetic, so the same values), from the slot's conv state and the raw projection. It owns
+// block computes the conv + SiLU of the channels it reads with conv_silu_kernel's conv_silu (so
+// the same values), from the slot's conv state and the raw projection. It owns
 // its V head's v channels and shifts their state at once. The q and k channels of K head hk are
 // read by all Hv / Hk blocks of its V heads, so the last of those blocks to have read them (a
 // completion counter a span and K head) shifts theirs, after the others' reads.
@@ -241,10 +248,7 @@ __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD
 #pragma unroll
       for (int i = 0; i < CK - 1; ++i) win[i] = state[i * C + ch];
       win[CK - 1] = x[ch];
-      float acc = 0;
-#pragma unroll
-      for (int i = 0; i < CK; ++i) acc = fmaf(w[i], win[i], acc);
-      return silu(acc);
+      return conv_silu(w, win);
     };
     if (p == 0) {
       next_q = conv(int64_t{hk} * D + j, q_win);
@@ -522,13 +526,13 @@ __global__ void __launch_bounds__(kMaxD) delta_rule_any_d_kernel(const DeltaPara
 template <int kR>
 void launch_delta(const DeviceStep& step, const DeltaParams& prm, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(prm.n_v_heads), static_cast<unsigned>(step.n_spans));
-  if (prm.counters != nullptr) {
-    if constexpr (kR > 0) {
-      launch_dependent(delta_rule_kernel<kR, kFusedConvK>, grid, kParts * prm.head_dim, 0, stream,
-                       prm);
-    }
-  } else {
+  if (prm.counters == nullptr) {
     launch_dependent(delta_rule_kernel<kR, 0>, grid, kParts * prm.head_dim, 0, stream, prm);
+  } else if constexpr (kR > 0) {
+    launch_dependent(delta_rule_kernel<kR, kFusedConvK>, grid, kParts * prm.head_dim, 0, stream,
+                     prm);
+  } else {
+    cuda_fail("deltanet: the conv folds only into the kernel with the state in registers");
   }
   QWENRT_CUDA_CHECK_LAUNCH();
 }
