@@ -2,7 +2,7 @@
 # On the GPU machine (through the device tool), from the repository root: the CUDA tests, the
 # kernel micro-benchmarks and a profile of batch-1 decode on a full-size synthetic file, with the
 # binaries built here (build-cuda/) and the shared libraries the GPU image lacks (.carry/lib).
-#   bash tools/cuda/device_check.sh [tests] [micro] [profile] [prefill] [memory] [profile4k] [gemm] [all-tests]
+#   bash tools/cuda/device_check.sh [tests] [micro] [profile] [prefill] [memory] [profile4k] [gemm] [timeline] [all-tests]
 # tests: TEST_FILTER (default '*Cuda*:*cuda*'), TEST_TIMEOUT (s, default 300), TEST_LOG (log name
 # suffix) narrow a run.
 # prefill: prompt processing (512 and 4,096 tokens) of the 35B-A3B and 27B Q4_K_M files, timed and
@@ -57,6 +57,20 @@ for what in "$@"; do
         f=/tmp/synth-$m.gguf
         [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-$m --quant Q4_K_M --out $f > /dev/null
         QWENRT_CUDA_PROFILE=1 timeout 200 build-cuda/qwenrt bench -m $f --backend cuda -p 4096 -n 1 -b 0 -r 1 2>&1 | tee "$out/prefill4k-profile-$m.txt"
+      done ;;
+    timeline)
+      # Kernel by kernel inside the replayed decode step (tools/cuda/timeline.py), with the CUPTI
+      # injection library (build-cuda/libqwenrt_timeline.so, libcupti from .carry/lib); the same
+      # bench without it first, so the tracing's own cost shows.
+      for m in ${MODELS:-35B-A3B 27B}; do
+        f=/tmp/synth-$m.gguf
+        [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-$m --quant Q4_K_M --out $f > /dev/null
+        timeout 120 build-cuda/qwenrt bench -m $f --backend cuda -p 1 -n 128 -d 512 -b 0 -r 1 2>&1 | tee "$out/timeline-plain-$m.txt" | tail -3
+        CUDA_INJECTION64_PATH=$PWD/build-cuda/libqwenrt_timeline.so QWENRT_TIMELINE=/tmp/timeline-$m.csv \
+          timeout 180 build-cuda/qwenrt bench -m $f --backend cuda -p 1 -n 128 -d 512 -b 0 -r 1 2>&1 | tee "$out/timeline-bench-$m.txt" | tail -3
+        python3 tools/cuda/timeline.py /tmp/timeline-$m.csv --layers 40 > "$out/timeline-$m.txt" 2>&1
+        head -45 "$out/timeline-$m.txt"
+        xz -T4 -c /tmp/timeline-$m.csv > "$out/timeline-$m.csv.xz"
       done ;;
     gemm)
       QWENRT_BENCH_TYPES=Q4_K,Q5_K,Q6_K,IQ4_XS,Q8_0sb timeout 200 build-cuda/cuda_gemv_bench 5 32,128,512 2>&1 | tee "$out/gemm-bench.txt"
