@@ -3,10 +3,14 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -382,6 +386,101 @@ TEST(CudaMoe, DownCombinedEqualsDownPairsThenCombine) {
           EXPECT_LT(rel_l2(ga, gb), 1e-5) << at;
         }
       }
+    }
+  }
+}
+
+// A decode row's routed and shared experts in two launches (cuda::moe_row: gate / up beside the
+// shared gate / up, then the routed down summed over the pairs beside the shared down, adding
+// into out) against the four launches of the two-stream path on the same inputs: the hidden rows
+// bit for bit (the same kernel body a row), out within float rounding (the shared expert added
+// by a second atomic add, not in the routed store). The pairings of the official tensor tables,
+// each asserted to take the two launches; an expert id out of range gives a NaN row.
+TEST(CudaMoe, OneDecodeRowInTwoLaunchesEqualsTheTwoStreamPath) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(37);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int n_expert = 10, k = 8;
+  const int64_t dim = 2048, ff = 512, sff = 512;
+  const std::pair<DType, DType> pairings[] = {
+      {DType::Q4_K, DType::Q8_0}, {DType::Q8_0, DType::Q8_0}, {DType::Q4_K, DType::Q4_K}};
+  for (const auto& [routed, shared_t] : pairings) {
+    const bool rq8 = routed == DType::Q8_0, sq8 = shared_t == DType::Q8_0;
+    const cuda::PlacedWeight gate =
+        cuda::place_weight(cuda::make_weight(routed, dim, ff, n_expert, rng), rq8);
+    const cuda::PlacedWeight up =
+        cuda::place_weight(cuda::make_weight(routed, dim, ff, n_expert, rng), rq8);
+    const cuda::PlacedWeight down =
+        cuda::place_weight(cuda::make_weight(routed, ff, dim, n_expert, rng), rq8);
+    const cuda::PlacedWeight sg =
+        cuda::place_weight(cuda::make_weight(shared_t, dim, sff, 1, rng), sq8);
+    const cuda::PlacedWeight su =
+        cuda::place_weight(cuda::make_weight(shared_t, dim, sff, 1, rng), sq8);
+    const cuda::PlacedWeight sd =
+        cuda::place_weight(cuda::make_weight(shared_t, sff, dim, 1, rng), sq8);
+    for (bool nan_route : {false, true}) {
+      const std::string at = std::string(dtype_name(routed)) + " routed, " +
+                             std::string(dtype_name(shared_t)) + " shared" +
+                             (nan_route ? ", NaN route" : "");
+      std::vector<float> h(dim), weights(k), scale{0.6f};
+      std::vector<int32_t> ids(k);
+      for (auto& v : h) v = normal(rng);
+      for (auto& v : weights) v = 0.25f * std::fabs(normal(rng));
+      for (int j = 0; j < k; ++j) ids[j] = static_cast<int32_t>((j * 3 + 1) % n_expert);
+      if (nan_route) ids[5] = -1;
+      auto d_h = cuda::to_device(h.data(), dim * 4);
+      auto d_w = cuda::to_device(weights.data(), k * 4);
+      auto d_scale = cuda::to_device(scale.data(), 4);
+      auto d_ids = cuda::to_device(ids.data(), k * 4);
+      const auto* id_ptr = static_cast<const int32_t*>(d_ids->ptr);
+      auto mid = cuda::poisoned(k * ff), smid = cuda::poisoned(sff), out = cuda::poisoned(dim);
+      const cuda::MoeRow row{.gate = gate.m,
+                             .up = up.m,
+                             .down = down.m,
+                             .shared_gate = sg.m,
+                             .shared_up = su.m,
+                             .shared_down = sd.m,
+                             .ids = id_ptr,
+                             .weights = d_w->f(),
+                             .k = k,
+                             .h = d_h->f(),
+                             .mid = mid->f(),
+                             .shared_mid = smid->f(),
+                             .shared_scale = d_scale->f(),
+                             .out = out->f()};
+      ASSERT_TRUE(cuda::moe_row(row, false, nullptr)) << at << ": no pair of kernels";
+      ASSERT_TRUE(cuda::moe_row(row, true, nullptr)) << at;
+      // The two-stream path's launches, one after another.
+      const int64_t ws_bytes =
+          std::max({cuda::matmul_workspace_bytes(gate.m, k), cuda::matmul_workspace_bytes(sd.m, 1),
+                    cuda::matmul_swiglu_workspace_bytes(sg.m, 1)});
+      auto ws = std::make_unique<cuda::DeviceBuffer>(ws_bytes);
+      auto want_mid = cuda::poisoned(k * ff), want_smid = cuda::poisoned(sff);
+      auto sout = cuda::poisoned(dim), want = cuda::poisoned(dim);
+      cuda::experts_swiglu(gate.m, up.m, id_ptr, k, d_h->f(), want_mid->f(), 1, ws->ptr, nullptr);
+      cuda::matmul_swiglu(sg.m, su.m, d_h->f(), want_smid->f(), 1, ws->ptr, nullptr);
+      cuda::matmul(sd.m, want_smid->f(), sout->f(), 1, ws->ptr, nullptr);
+      ASSERT_TRUE(cuda::experts_down_combine(down.m, id_ptr, d_w->f(), k, want_mid->f(), sout->f(),
+                                             d_scale->f(), want->f(), 1, nullptr))
+          << at;
+      const auto bits = [](const std::vector<float>& v) {
+        std::vector<uint32_t> b(v.size());
+        std::memcpy(b.data(), v.data(), v.size() * 4);
+        return b;
+      };
+      const std::vector<float> got_mid = cuda::to_host(*mid, k * ff);
+      const std::vector<float> got_out = cuda::to_host(*out, dim);
+      EXPECT_EQ(bits(got_mid), bits(cuda::to_host(*want_mid, k * ff))) << at << ": routed hidden";
+      EXPECT_EQ(bits(cuda::to_host(*smid, sff)), bits(cuda::to_host(*want_smid, sff)))
+          << at << ": shared hidden";
+      if (nan_route) {
+        for (int64_t i = 0; i < dim; ++i) ASSERT_TRUE(std::isnan(got_out[i])) << at << " col " << i;
+        continue;
+      }
+      EXPECT_LT(rel_l2(got_out, cuda::to_host(*want, dim)), 1e-6) << at;
+      // Out again: the second launch adds into what the first zeroed, so a rerun gives the same.
+      ASSERT_TRUE(cuda::moe_row(row, true, nullptr)) << at;
+      EXPECT_EQ(bits(cuda::to_host(*out, dim)), bits(got_out)) << at << ": a second run";
     }
   }
 }

@@ -76,6 +76,7 @@ class CudaOps final : public Ops {
     prefetcher_ = std::make_unique<cuda::L2Prefetcher>(device);
     norm_route_ = env_flag("QWENRT_CUDA_NORM_ROUTE", true);
     down_combine_ = env_flag("QWENRT_CUDA_DOWN_COMBINE", true);
+    moe_row_ = env_flag("QWENRT_CUDA_MOE_ROW", true);
     fused_conv_ = env_flag("QWENRT_CUDA_FUSED_CONV", true);
     drop_ = parse_drop(std::getenv("QWENRT_CUDA_DROP"));
     grow_counters(kInitialCounters);
@@ -948,7 +949,26 @@ class CudaOps final : public Ops {
       cuda::moe_norm_route(a, stream_);
       prefetch_after({router}, n, stream_);
     }
-    if (shared && !dropped(kDropShared)) {
+    // One decode row with a shared expert: the routed and shared experts side by side in two
+    // launches on this stream (cuda::moe_row) where the types have that pair of kernels.
+    const cuda::MoeRow row{.gate = gate,
+                           .up = up,
+                           .down = down,
+                           .shared_gate = sg,
+                           .shared_up = su,
+                           .shared_down = sd,
+                           .ids = ids,
+                           .weights = weights,
+                           .k = k,
+                           .h = x,
+                           .mid = mid,
+                           .shared_mid = smid,
+                           .shared_scale = shared_scale,
+                           .out = out};
+    const bool one_row = n == 1 && shared && moe_row_ && down_combine_ && !mmq && !grouped &&
+                         !dropped(kDropShared) && !dropped(kDropExperts) &&
+                         !dropped(kDropCombine) && cuda::moe_row(row, false, stream_);
+    if (shared && !one_row && !dropped(kDropShared)) {
       QWENRT_CUDA_CHECK(cudaEventRecord(fork_, stream_));
       QWENRT_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
       cuda::matmul_swiglu(sg, su, x, smid, n, side_ws, side_);
@@ -963,6 +983,10 @@ class CudaOps final : public Ops {
       cuda::moe_route(logits, n, n_expert, k, ids, weights, x,
                       shared ? ref::f32_data(w.shared_gate_inp) : nullptr, dim, shared_scale,
                       stream_, expert_prefetch);
+    }
+    if (one_row) {
+      cuda::moe_row(row, true, stream_);
+      return;
     }
     if (mmq) {
       const cuda::ExpertOrder order = cuda::order_by_expert(
@@ -1184,6 +1208,7 @@ class CudaOps final : public Ops {
   int64_t mmq_min_rows_ = 16;
   bool norm_route_ = true;    // add_rmsnorm_moe fused (QWENRT_CUDA_NORM_ROUTE)
   bool down_combine_ = true;  // experts_down_combine (QWENRT_CUDA_DOWN_COMBINE)
+  bool moe_row_ = true;       // a decode row's experts in two launches (QWENRT_CUDA_MOE_ROW)
   bool fused_conv_ = true;    // the DeltaNet decode conv folded in (QWENRT_CUDA_FUSED_CONV)
   unsigned drop_ = 0;         // QWENRT_CUDA_DROP's kernel classes
   // Completion counters of the kernels that elect a last block (counters()).

@@ -88,16 +88,18 @@ __global__ void __launch_bounds__(kThreads)
     rmsnorm_regs_kernel(float4* x, const float4* __restrict__ delta,
                         const float4* __restrict__ weight, float4* out, int64_t dim4, float eps) {
   pdl_launch_dependents();
-  pdl_wait();  // launched dependent (pdl.cuh): before any read
+  float4 v[NV], w[NV];
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    w[k] = weight[threadIdx.x + int64_t{k} * kThreads];  // no kernel writes it
+  pdl_wait();  // launched dependent (pdl.cuh): before any read of what earlier kernels write
   __shared__ float s_warp[kThreads / 32];
   const int64_t row = blockIdx.x;
   float4* xr = x + row * dim4;
-  float4 v[NV], w[NV];
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int64_t i = threadIdx.x + int64_t{k} * kThreads;
     v[k] = xr[i];
-    w[k] = weight[i];
     if constexpr (kAdd) {
       const float4 d = delta[row * dim4 + i];
       v[k] = make_float4(v[k].x + d.x, v[k].y + d.y, v[k].z + d.z, v[k].w + d.w);

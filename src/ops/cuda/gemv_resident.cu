@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
+#include <type_traits>
 
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/check.h"
@@ -71,6 +73,13 @@ struct ResidentArgs {
   const float* weights;   // kResCombine: routing weights [tokens, k]
   const float* shared;    // kResCombine: the shared expert's output [tokens, total_rows], or null
   const float* shared_scale;  // kResCombine: its gate [tokens]
+  // The MoE row's two launches (resident_moe_row): the first zeroes `zero` [zero_n] after its
+  // wait; the second's parts add their rows into y (atomicAdd: two addends onto zero, so the
+  // sum is the same whichever lands first), kResJobs rows times *out_scale.
+  float* zero;
+  int64_t zero_n;
+  bool add_out;
+  const float* out_scale;
 };
 
 template <int MODE>
@@ -138,14 +147,24 @@ __device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
   if constexpr (MODE == kResJobs) {
     int j = 0;
     while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
-    a.y[j][r - a.first_row[j]] = v[0];
+    float* y = a.y[j] + (r - a.first_row[j]);
+    if (a.add_out) {
+      atomicAdd(y, a.out_scale ? __fmul_rn(v[0], *a.out_scale) : v[0]);
+    } else {
+      *y = v[0];
+    }
   } else if constexpr (MODE == kResPairs) {
     a.y[0][blockIdx.y * a.total_rows + r] = ok ? v[0] : __int_as_float(0x7fc00000);
   } else if constexpr (MODE == kResCombine) {
     const int64_t i = blockIdx.y * a.total_rows + r;
     float out = v[0];
     if (a.shared) out += a.shared_scale[blockIdx.y] * a.shared[i];
-    a.y[0][i] = ok ? out : __int_as_float(0x7fc00000);
+    if (!ok) out = __int_as_float(0x7fc00000);
+    if (a.add_out) {
+      atomicAdd(a.y[0] + i, out);
+    } else {
+      a.y[0][i] = out;
+    }
   } else {
     a.y[0][r] = ok ? silu(v[0]) * v[1] : __int_as_float(0x7fc00000);
   }
@@ -156,11 +175,12 @@ __device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
 // of n.
 template <int MODE>
 __device__ __forceinline__ void resident_store_partials(const ResidentArgs& a, const float* part,
-                                                        int part_stride, int tid, int n) {
+                                                        int part_stride, int tid, int n, int bx,
+                                                        int gx) {
   constexpr int NM = resident_mats<MODE>();
   const int S = a.slices, R = a.row_lanes;
   for (int l = tid; l < part_stride; l += n) {
-    const int64_t row = (int64_t{blockIdx.x} + int64_t{l / R} * gridDim.x) * R + l % R;
+    const int64_t row = (int64_t{bx} + int64_t{l / R} * gx) * R + l % R;
     if (row >= a.total_rows) continue;
     float v[NM];
 #pragma unroll
@@ -293,14 +313,14 @@ __device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, 
   return true;
 }
 
+// The kernel's work as block bx of gx (a launch may hold two such grids: resident_two_kernel).
 template <class T, int UPL, int MODE>
-__global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
-    resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
+__device__ __forceinline__ void resident_body(const ResidentArgs& a, int bx, int gx,
+                                              uint8_t* res_smem) {
   constexpr int NM = resident_mats<MODE>();
   constexpr int DEPTH = resident_depth<UPL, MODE>(), NB = DEPTH + 1;
   static_assert(T::kElems == 256 && (T::kUnits == 8 || T::kUnits == 4),
                 "resident GEMV: 256-element blocks of 8 or 4 units");
-  extern __shared__ __align__(16) uint8_t res_smem[];
   int8_t* sq = reinterpret_cast<int8_t*>(res_smem);       // [in] (unless pre-quantised)
   float* sd = reinterpret_cast<float*>(res_smem + a.in);  // [in / 32]
   float* part = a.xq ? reinterpret_cast<float*>(res_smem) : sd + a.in / qb::kActBlock;
@@ -310,8 +330,8 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
   const int n_units = a.in / unit_elems<T>();
   const int u0 = 32 * UPL * s + lane;  // this lane's units of every row: u0 + 32 i, i < UPL
   const int j = lane % T::kUnits;      // their place in their blocks
-  const int64_t stride = int64_t{gridDim.x} * R;
-  const int64_t r0 = int64_t{blockIdx.x} * R + rw;
+  const int64_t stride = int64_t{gx} * R;
+  const int64_t r0 = int64_t{bx} * R + rw;
 
   pdl_launch_dependents();
   typename T::Unit w[NB][NM][UPL];
@@ -336,6 +356,11 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
     if (ids_ok) combine_offsets<T, UPL>(a, u0, n_units, unit_off);
   }
   if constexpr (kIds) load_ahead();
+  if (a.zero) {
+    for (int64_t i = int64_t{bx} * blockDim.x + threadIdx.x; i < a.zero_n;
+         i += int64_t{gx} * blockDim.x)
+      a.zero[i] = 0.0f;
+  }
 
   if (a.xq == nullptr) {
     const float* x =
@@ -392,7 +417,29 @@ __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
 rows_done:
   if (S > 1) {
     __syncthreads();
-    resident_store_partials<MODE>(a, part, part_stride, threadIdx.x, blockDim.x);
+    resident_store_partials<MODE>(a, part, part_stride, threadIdx.x, blockDim.x, bx, gx);
+  }
+}
+
+template <class T, int UPL, int MODE>
+__global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
+    resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
+  extern __shared__ __align__(16) uint8_t res_smem[];
+  resident_body<T, UPL, MODE>(a, blockIdx.x, gridDim.x, res_smem);
+}
+
+// Two resident GEMVs in one launch of 8-warp blocks: blocks [0, blocks1) run the first over a1,
+// the rest the second over a2 (a MoE row's routed experts and its shared expert: no second
+// stream, no fork and join; resident_moe_row).
+template <class T1, int U1, int M1, class T2, int U2, int M2>
+__global__ void __launch_bounds__(kResRowWarps * 32)
+    resident_two_kernel(const __grid_constant__ ResidentArgs a1,
+                        const __grid_constant__ ResidentArgs a2, int blocks1) {
+  extern __shared__ __align__(16) uint8_t res_smem[];
+  if (int(blockIdx.x) < blocks1) {
+    resident_body<T1, U1, M1>(a1, blockIdx.x, blocks1, res_smem);
+  } else {
+    resident_body<T2, U2, M2>(a2, blockIdx.x - blocks1, gridDim.x - blocks1, res_smem);
   }
 }
 
@@ -519,7 +566,8 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
   }
   if (S > 1) {
     asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
-    resident_store_partials<MODE>(a, part, part_stride, threadIdx.x, 32 * consumers);
+    resident_store_partials<MODE>(a, part, part_stride, threadIdx.x, 32 * consumers, blockIdx.x,
+                                  gridDim.x);
   }
 }
 
@@ -679,19 +727,29 @@ int q4k64_mode() {
   return mode;
 }
 
-// The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
-// none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
+// The unit type and shape the resident kernel reads `m` with in mode MODE over rows of a.in
+// (kind kResNone: it has none for that type or measured slower there).
+enum ResKind { kResNone, kResQ4K, kResQ4K64, kResQ5K, kResIQ4XS, kResQ80S };
+struct ResidentPlan {
+  ResKind kind = kResNone;
+  ResidentShape shape{};
+};
+template <class T>
+constexpr ResKind kind_of() {
+  if constexpr (std::is_same_v<T, qb::Q4K>) return kResQ4K;
+  if constexpr (std::is_same_v<T, qb::Q4K64>) return kResQ4K64;
+  if constexpr (std::is_same_v<T, qb::Q5K>) return kResQ5K;
+  if constexpr (std::is_same_v<T, qb::IQ4XS>) return kResIQ4XS;
+  return kResQ80S;
+}
+
 template <int MODE>
-bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream,
-              unsigned pairs = 1) {
-  if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
-  // Each pair's row quantised in the kernel (never by the separate launch, which does one row).
-  if (MODE == kResPairs && a.in > kResQuantiseInKernelMax) return false;
+ResidentPlan resident_plan(const MatArg& m, const ResidentArgs& a) {
   // Q4_K rows of at least 2048 take 64-element units (shorter ones would leave lanes idle).
   const bool q4k64 = m.dtype == DType::Q4_K && q4k64_mode() != 0 && a.in >= 2048;
   const ResidentShape shape =
       q4k64 ? resident_shape<MODE>(a.in / 64, 2) : resident_shape<MODE>(a.in / 32, 4);
-  if (shape.slices > (q4k64 ? kResMaxSlices / 2 : kResMaxSlices) || shape.upl > 4) return false;
+  if (shape.slices > (q4k64 ? kResMaxSlices / 2 : kResMaxSlices) || shape.upl > 4) return {};
   switch (m.dtype) {
     case DType::Q4_K:
     case DType::Q5_K:
@@ -700,17 +758,35 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
       // (Q4_K 17408 x 5120: 29.6 us against 35.4 us here, quantisation launch included), except
       // in 64-element units (measured in bench/results/h200.md).
       if (MODE == kResJobs && a.in > kResQuantiseInKernelMax && !(q4k64 && q4k64_mode() == 2))
-        return false;
+        return {};
       break;
     case DType::Q8_0:
-      if (!m.q8s) return false;
+      if (!m.q8s) return {};
       // An lm-head-sized Q8_0 matrix streams faster through the staged kernel (94% of the
       // bandwidth against 85% here, 2048 x 248320).
-      if (MODE == kResJobs && a.total_rows >= 131072) return false;
+      if (MODE == kResJobs && a.total_rows >= 131072) return {};
       break;
     default:
-      return false;
+      return {};
   }
+  const ResKind kind = m.dtype == DType::Q4_K     ? (q4k64 ? kResQ4K64 : kResQ4K)
+                       : m.dtype == DType::Q5_K   ? kResQ5K
+                       : m.dtype == DType::IQ4_XS ? kResIQ4XS
+                                                  : kResQ80S;
+  return {kind, shape};
+}
+
+// The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
+// none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
+template <int MODE>
+bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream,
+              unsigned pairs = 1) {
+  if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
+  // Each pair's row quantised in the kernel (never by the separate launch, which does one row).
+  if (MODE == kResPairs && a.in > kResQuantiseInKernelMax) return false;
+  const ResidentPlan plan = resident_plan<MODE>(m, a);
+  if (plan.kind == kResNone) return false;
+  const ResidentShape shape = plan.shape;
   a.slices = shape.slices;
   a.row_lanes = std::max(1, kResRowWarps / shape.slices);
   if (a.in > kResQuantiseInKernelMax && workspace != nullptr) {
@@ -744,24 +820,73 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
       }
     }
   };
-  switch (m.dtype) {
-    case DType::Q4_K:
-      if (q4k64) {
-        by_upl.template operator()<qb::Q4K64>();
-      } else {
-        by_upl.template operator()<qb::Q4K>();
-      }
+  switch (plan.kind) {
+    case kResQ4K64:
+      by_upl.template operator()<qb::Q4K64>();
       break;
-    case DType::Q5_K:
+    case kResQ4K:
+      by_upl.template operator()<qb::Q4K>();
+      break;
+    case kResQ5K:
       by_upl.template operator()<qb::Q5K>();
       break;
-    case DType::IQ4_XS:
+    case kResIQ4XS:
       by_upl.template operator()<qb::IQ4XS>();
       break;
     default:
       by_upl.template operator()<qb::Q80S>();
       break;
   }
+  return true;
+}
+
+// ---- Two GEMVs in one launch (resident_two_kernel) ---------------------------------------------
+// One part's layout: a.slices and a.row_lanes set (S x R = 8 warps), x quantised in the kernel.
+template <class T, int MODE>
+struct TwoPart {
+  static constexpr int NM = resident_mats<MODE>();
+  const ResidentArgs& a;
+  int64_t groups() const { return (a.total_rows + a.row_lanes - 1) / a.row_lanes; }
+  size_t smem(int64_t max_groups) const {
+    const size_t base = size_t(a.in) + size_t(a.in / qb::kActBlock) * 4;
+    return base + (a.slices > 1 ? size_t(NM) * a.slices * a.row_lanes * max_groups * 4 : 0);
+  }
+  double bytes() const { return double(a.total_rows) * NM * (a.in / T::kElems) * T::kBytes; }
+};
+
+// Shares the blocks that fit between the parts by their weight bytes (at least one each, at most
+// a part's row groups) and launches.
+template <class T1, int U1, int M1, class T2, int U2, int M2>
+void launch_two(ResidentArgs a1, ResidentArgs a2, cudaStream_t stream) {
+  auto* kernel = resident_two_kernel<T1, U1, M1, T2, U2, M2>;
+  const TwoPart<T1, M1> p1{a1};
+  const TwoPart<T2, M2> p2{a2};
+  constexpr size_t kMaxSmem = 227 * 1024;
+  QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kMaxSmem)));
+  const int64_t total = persistent_grid(kernel, kResRowWarps * 32, std::max(p1.smem(8), p2.smem(8)),
+                                        p1.groups() + p2.groups());
+  const int64_t b1 = std::clamp<int64_t>(
+      std::llround(double(total) * p1.bytes() / (p1.bytes() + p2.bytes())), 1, p1.groups());
+  const int64_t b2 = std::clamp<int64_t>(total - b1, 1, p2.groups());
+  a1.max_groups = static_cast<int>((p1.groups() + b1 - 1) / b1);
+  a2.max_groups = static_cast<int>((p2.groups() + b2 - 1) / b2);
+  const size_t smem = std::max(p1.smem(a1.max_groups), p2.smem(a2.max_groups));
+  if (smem > kMaxSmem)
+    cuda_fail("resident_moe_row: " + std::to_string(smem) + " bytes of shared memory");
+  launch_with_pdl(pdl_on(), kernel, dim3(static_cast<unsigned>(b1 + b2)), dim3(kResRowWarps * 32),
+                  smem, stream, a1, a2, static_cast<int>(b1));
+}
+
+// Launches the pair's kernel if the plans are (T1, U1) and (T2, U2) (only checks where launch is
+// false); whether they were.
+template <class T1, int U1, int M1, class T2, int U2, int M2>
+bool two_if(const ResidentPlan& p1, const ResidentPlan& p2, const ResidentArgs& a1,
+            const ResidentArgs& a2, bool launch, cudaStream_t stream) {
+  if (p1.kind != kind_of<T1>() || p1.shape.upl != U1 || p2.kind != kind_of<T2>() ||
+      p2.shape.upl != U2)
+    return false;
+  if (launch) launch_two<T1, U1, M1, T2, U2, M2>(a1, a2, stream);
   return true;
 }
 
@@ -858,6 +983,80 @@ bool resident_experts_down_combine(const MatArg& d, const int32_t* ids, const fl
   a.shared = shared;
   a.shared_scale = shared_scale;
   return resident<kResCombine>(d, a, nullptr, stream, static_cast<unsigned>(n));
+}
+
+bool resident_moe_row(const MoeRowArgs& m, bool launch, cudaStream_t stream) {
+  const int k = m.k;
+  if (resident_off() || k < 1 || m.dim % 256 != 0 || m.dim > kResQuantiseInKernelMax ||
+      m.ff % 256 != 0 || k * m.ff > kResQuantiseInKernelMax || m.shared_ff % 256 != 0 ||
+      m.shared_ff > kResQuantiseInKernelMax || m.down.out != m.dim || m.shared_down.out != m.dim ||
+      !aligned(m.h, 16) || !aligned(m.mid, 16) || !aligned(m.shared_mid, 16) ||
+      m.gate.dtype != m.up.dtype || m.gate.q8s != m.up.q8s ||
+      m.shared_gate.dtype != m.shared_up.dtype || m.shared_gate.q8s != m.shared_up.q8s)
+    return false;
+  // The routed experts' gate / up beside the shared expert's (which zeroes out for the second
+  // launch), then the routed down summed over the pairs beside the shared down times its gate,
+  // both adding into out.
+  ResidentArgs gu = gate_up_args(m.gate, m.up, m.h, m.dim, m.mid);
+  gu.expert_bytes[0] = m.gate.expert_bytes;
+  gu.expert_bytes[1] = m.up.expert_bytes;
+  gu.ff = m.ff;
+  gu.total_rows = int64_t{k} * m.ff;
+  gu.ids = m.ids;
+  gu.n_expert = m.gate.n_expert;
+  gu.zero = m.out;
+  gu.zero_n = m.dim;
+  ResidentArgs sgu = gate_up_args(m.shared_gate, m.shared_up, m.h, m.dim, m.shared_mid);
+  sgu.total_rows = m.shared_ff;
+  ResidentArgs down = down_args(m.down, m.ids, m.mid, int64_t{k} * m.ff, m.out);
+  down.k = k;
+  down.weights = m.weights;
+  down.add_out = true;
+  ResidentArgs sdown{};
+  sdown.n_jobs = 1;
+  sdown.data[0] = m.shared_down.data;
+  sdown.row_bytes[0] = m.shared_down.row_bytes;
+  sdown.y[0] = m.out;
+  sdown.first_row[1] = sdown.total_rows = m.dim;
+  sdown.x = m.shared_mid;
+  sdown.in = static_cast<int>(m.shared_ff);
+  sdown.add_out = true;
+  sdown.out_scale = m.shared_scale;
+  const ResidentPlan p_gu = resident_plan<kResExperts>(m.gate, gu);
+  const ResidentPlan p_sgu = resident_plan<kResSwiglu>(m.shared_gate, sgu);
+  const ResidentPlan p_down = resident_plan<kResCombine>(m.down, down);
+  const ResidentPlan p_sdown = resident_plan<kResJobs>(m.shared_down, sdown);
+  // Every part in blocks of 8 warps (S x R).
+  for (const auto& [plan, a] : {std::pair{p_gu, &gu}, std::pair{p_sgu, &sgu},
+                                std::pair{p_down, &down}, std::pair{p_sdown, &sdown}}) {
+    if (plan.kind == kResNone || kResRowWarps % plan.shape.slices != 0) return false;
+    a->slices = plan.shape.slices;
+    a->row_lanes = kResRowWarps / plan.shape.slices;
+  }
+  // The pairings of the official tensor tables (Q4_K_M: routed Q4_K, shared Q8_0; Q8_0
+  // throughout; routed and shared Q4_K); any other pairing takes the two-stream path.
+  const auto first = [&](bool go) {
+    return two_if<qb::Q4K64, 1, kResExperts, qb::Q80S, 1, kResSwiglu>(p_gu, p_sgu, gu, sgu, go,
+                                                                      stream) ||
+           two_if<qb::Q80S, 2, kResExperts, qb::Q80S, 1, kResSwiglu>(p_gu, p_sgu, gu, sgu, go,
+                                                                     stream) ||
+           two_if<qb::Q4K64, 1, kResExperts, qb::Q4K64, 1, kResSwiglu>(p_gu, p_sgu, gu, sgu, go,
+                                                                       stream);
+  };
+  const auto second = [&](bool go) {
+    return two_if<qb::Q4K64, 2, kResCombine, qb::Q80S, 1, kResJobs>(p_down, p_sdown, down, sdown,
+                                                                    go, stream) ||
+           two_if<qb::Q80S, 4, kResCombine, qb::Q80S, 1, kResJobs>(p_down, p_sdown, down, sdown, go,
+                                                                   stream) ||
+           two_if<qb::Q4K64, 2, kResCombine, qb::Q4K, 1, kResJobs>(p_down, p_sdown, down, sdown, go,
+                                                                   stream);
+  };
+  if (!first(false) || !second(false)) return false;
+  if (launch) {
+    first(true);
+    second(true);
+  }
+  return true;
 }
 
 }  // namespace qwenrt::ops::cuda::mm

@@ -97,6 +97,24 @@ bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const flo
 bool experts_down_combine(const Matrix& down, const int32_t* ids, const float* weights, int k,
                           const float* x, const float* shared, const float* shared_scale, float* y,
                           int64_t n, cudaStream_t stream);
+// The MoE FFN of one decode row after routing (ids, weights [k] on the device; h [dim] its
+// normed input) in two launches, no second stream: the chosen experts' gate / up into mid [k, ff]
+// beside the shared expert's into shared_mid [shared ff], then out [dim] = sum_j weights[j]
+// (mid[j] @ Wd[ids[j]]^T) + *shared_scale (shared_mid @ Wsd^T). False where the resident GEMV has
+// no such pair of kernels for these types and shapes (nothing launched; launch false: only that
+// check).
+struct MoeRow {
+  Matrix gate, up, down, shared_gate, shared_up, shared_down;
+  const int32_t* ids = nullptr;
+  const float* weights = nullptr;
+  int k = 0;
+  const float* h = nullptr;
+  float* mid = nullptr;
+  float* shared_mid = nullptr;
+  const float* shared_scale = nullptr;
+  float* out = nullptr;
+};
+bool moe_row(const MoeRow& row, bool launch, cudaStream_t stream);
 // out [n, in] = rows tokens[0..n) of table (ref::embed_rows; ids are checked on the host).
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
                 cudaStream_t stream);

@@ -721,6 +721,34 @@ bool experts_down_combine(const Matrix& down, const int32_t* ids, const float* w
                                        stream);
 }
 
+bool moe_row(const MoeRow& row, bool launch, cudaStream_t stream) {
+  for (const Matrix* w :
+       {&row.gate, &row.up, &row.down, &row.shared_gate, &row.shared_up, &row.shared_down}) {
+    if (!is_quantised(w->dtype) || !has_kernel(w->dtype)) return false;
+  }
+  const MoeRowArgs a{.gate = mat_arg(row.gate, row.h, "moe_row"),
+                     .up = mat_arg(row.up, row.h, "moe_row"),
+                     .down = mat_arg(row.down, row.mid, "moe_row"),
+                     .shared_gate = mat_arg(row.shared_gate, row.h, "moe_row"),
+                     .shared_up = mat_arg(row.shared_up, row.h, "moe_row"),
+                     .shared_down = mat_arg(row.shared_down, row.shared_mid, "moe_row"),
+                     .ids = row.ids,
+                     .weights = row.weights,
+                     .k = row.k,
+                     .h = row.h,
+                     .dim = row.down.out,
+                     .ff = row.gate.out,
+                     .shared_ff = row.shared_gate.out,
+                     .mid = row.mid,
+                     .shared_mid = row.shared_mid,
+                     .shared_scale = row.shared_scale,
+                     .out = row.out};
+  if (row.gate.in != a.dim || row.shared_gate.in != a.dim || row.down.in != a.ff ||
+      row.shared_down.in != a.shared_ff)
+    return false;
+  return resident_moe_row(a, launch, stream);
+}
+
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
                 cudaStream_t stream) {
   if (n <= 0) return;

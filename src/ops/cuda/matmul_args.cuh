@@ -163,6 +163,26 @@ bool resident_experts_down_combine(const MatArg& d, const int32_t* ids, const fl
                                    const float* shared_scale, float* y, int64_t n,
                                    cudaStream_t stream);
 
+// The MoE FFN of one decode row after routing in two launches, each a resident_two_kernel: the
+// chosen experts' gate / up (mid [k, ff]) beside the shared expert's (shared_mid [shared_ff]),
+// which also zeroes out; then the routed down summed over the pairs with their weights beside
+// the shared down times *shared_scale, both parts adding into out [dim]. False where the types,
+// shapes or alignment have no such pair of kernels (launching nothing; with launch false, only
+// the check).
+struct MoeRowArgs {
+  MatArg gate, up, down, shared_gate, shared_up, shared_down;
+  const int32_t* ids;
+  const float* weights;
+  int k;
+  const float* h;
+  int64_t dim, ff, shared_ff;
+  float* mid;
+  float* shared_mid;
+  const float* shared_scale;
+  float* out;
+};
+bool resident_moe_row(const MoeRowArgs& m, bool launch, cudaStream_t stream);
+
 // ---- gemm.cu: prefill GEMM on cuBLAS (weights expanded a chunk of rows at a time) ----
 // Whether a matmul of n rows of W runs as a GEMM (n >= QWENRT_CUDA_GEMM_ROWS, default 32; 0: never;
 // single matrices only).

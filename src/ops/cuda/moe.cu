@@ -111,24 +111,22 @@ __global__ void route_kernel(const float* logits, int n_expert, int k, int32_t* 
   }
 }
 
-// sigmoid(x . gate_inp) of one row (the shared expert's gate), summed by the whole block of
-// kRouteThreads, each thread's loads all in flight at once; thread 0 writes it to *out. Every
-// thread of the block must call it.
-__device__ void shared_gate_block(const float* xr, const float* __restrict__ gate_inp, int64_t dim,
-                                  float* out) {
-  __shared__ float s_gate[kRouteThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+// a . b over n4 float4s by one warp (lane-strided, then the warp's butterfly sum; every lane
+// gets it): the router logits and the shared expert's gate, the same arithmetic in every kernel
+// that computes them.
+__device__ __forceinline__ float dot4_warp(const float4* a, const float4* b, int64_t n4) {
+  const int lane = threadIdx.x % 32;
   float acc = 0;
-#pragma unroll 8
-  for (int64_t i = threadIdx.x; i < dim; i += kRouteThreads) acc += xr[i] * gate_inp[i];
-  acc = warp_sum(acc);
-  if (lane == 0) s_gate[warp] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0;
-    for (int q = 0; q < kRouteThreads / 32; ++q) total += s_gate[q];
-    *out = 1.0f / (1.0f + expf(-total));
+#pragma unroll 16
+  for (int64_t i = lane; i < n4; i += 32) {
+    const float4 u = a[i], v = b[i];
+    acc += u.x * v.x + u.y * v.y + u.z * v.z + u.w * v.w;
   }
+  return warp_sum(acc);
+}
+
+__device__ __forceinline__ float sigmoidf(float x) {
+  return 1.0f / (1.0f + expf(-x));
 }
 
 // Routes one row of logits l [n_expert] in one warp (every lane calls it) with everything in
@@ -213,8 +211,9 @@ __device__ void route_row_warp(const float* l, int n_expert, int k, int32_t* __r
   }
 }
 
-// One block of kRouteThreads per row: the shared expert's gate of the row (gate_inp null: none)
-// by the whole block, then the first warp routes the row (route_row_warp). (Counting every
+// One block of kRouteThreads per row: the first warp routes the row (route_row_warp), the second
+// computes the shared expert's gate of the row (gate_inp null: none) as norm_route_kernel does
+// where the rows are float4s. (Counting every
 // expert's rank at once, a thread an expert, instead of the k rounds measured slower end to end
 // on the H200: 35B-A3B 347.8 -> 314.8 tok/s,
 // bench/results/h200-decode-small-kernels-2026-12-05.md.)
@@ -227,8 +226,22 @@ __global__ void __launch_bounds__(kRouteThreads)
   pdl_launch_dependents();
   pdl_wait();  // launched dependent (pdl.cuh): before any read
   const int64_t row = blockIdx.x;
-  if (gate_inp) shared_gate_block(x + row * dim, gate_inp, dim, shared_scale + row);
-  if (threadIdx.x / 32 != 0) return;
+  const int warp = threadIdx.x / 32;
+  if (warp == 1 && gate_inp) {  // the shared expert's gate beside the routing
+    const float* xr = x + row * dim;
+    float g;
+    if (dim % 4 == 0 && reinterpret_cast<uintptr_t>(xr) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(gate_inp) % 16 == 0) {
+      g = dot4_warp(reinterpret_cast<const float4*>(xr), reinterpret_cast<const float4*>(gate_inp),
+                    dim / 4);
+    } else {
+      float acc = 0;
+      for (int64_t i = threadIdx.x % 32; i < dim; i += 32) acc += xr[i] * gate_inp[i];
+      g = warp_sum(acc);
+    }
+    if (threadIdx.x % 32 == 0) shared_scale[row] = sigmoidf(g);
+  }
+  if (warp != 0) return;
   route_row_warp<kPerLane>(logits + row * n_expert, n_expert, k, ids + row * k, weights + row * k,
                            prefetch);
 }
@@ -236,10 +249,10 @@ __global__ void __launch_bounds__(kRouteThreads)
 // The FFN's input norm, the router and the routing of a decode-sized step in one kernel. Grid
 // (G, n): the G blocks of row r each form x[r] + delta[r] and h = its rmsnorm * norm (the
 // arithmetic of elementwise.cu's rmsnorm_regs_kernel, so h is add_rmsnorm's bit for bit) into
-// shared memory, then the router logits of their experts (a warp an expert, fp32 weights asked
-// into L2 before the wait for the previous kernel). The row's last block to finish (a counter a
-// row, which it resets) writes x and h (only now: every block of the row has read x), the shared
-// expert's gate and the routing (route_block_kernel's).
+// shared memory, then the router logits of their experts and, as one more row, the shared
+// expert's gate (a warp a row, fp32 weights asked into L2 before the wait for the previous
+// kernel). The row's last block to finish (a counter a row, which it resets) writes x and h
+// (only now: every block of the row has read x) and the routing (route_block_kernel's).
 template <int NV, int kPerLane>
 __global__ void __launch_bounds__(kRouteThreads)
     norm_route_kernel(float4* x, const float4* __restrict__ delta, const float4* __restrict__ norm,
@@ -253,20 +266,27 @@ __global__ void __launch_bounds__(kRouteThreads)
   const int64_t row = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int first = blockIdx.x * kWarps;
-  if (threadIdx.x == 0 && first < n_expert) {
-    for (int e = first; e < n_expert; e += gridDim.x * kWarps)
-      l2_prefetch_range(router + e * dim4, int64_t{min(kWarps, n_expert - e)} * dim4 * 16);
+  // Rows of the router, then the shared expert's gate as row n_expert.
+  const int n_rows = n_expert + (gate_inp ? 1 : 0);
+  const float4* gate4 = reinterpret_cast<const float4*>(gate_inp);
+  if (threadIdx.x == 0) {
+    for (int e = first; e < n_rows; e += gridDim.x * kWarps) {
+      if (e < n_expert)
+        l2_prefetch_range(router + e * dim4, int64_t{min(kWarps, n_expert - e)} * dim4 * 16);
+      if (gate_inp && n_expert >= e && n_expert < e + kWarps) l2_prefetch_range(gate4, dim4 * 16);
+    }
   }
-  pdl_wait();                      // x and delta come from the previous kernel
+  float4 v[NV], w[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) w[j] = norm[threadIdx.x + int64_t{j} * kRouteThreads];  // a weight
+  pdl_wait();                      // x and delta come from earlier kernels
   extern __shared__ float4 s_h[];  // [dim4]
   __shared__ float s_warp[kWarps];
   __shared__ bool s_last;
-  float4 v[NV], w[NV];
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kRouteThreads;
     v[j] = x[row * dim4 + i];
-    w[j] = norm[i];
     const float4 d = delta[row * dim4 + i];
     v[j] = make_float4(v[j].x + d.x, v[j].y + d.y, v[j].z + d.z, v[j].w + d.w);
   }
@@ -287,16 +307,15 @@ __global__ void __launch_bounds__(kRouteThreads)
         v[j].x * inv * w[j].x, v[j].y * inv * w[j].y, v[j].z * inv * w[j].z, v[j].w * inv * w[j].w);
   }
   __syncthreads();
-  for (int e = first + warp; e < n_expert; e += gridDim.x * kWarps) {
-    const float4* wr = router + e * dim4;
-    float acc = 0;
-#pragma unroll 8
-    for (int64_t i = lane; i < dim4; i += 32) {
-      const float4 a = wr[i], b = s_h[i];
-      acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+  for (int e = first + warp; e < n_rows; e += gridDim.x * kWarps) {
+    const float acc = dot4_warp(e < n_expert ? router + e * dim4 : gate4, s_h, dim4);
+    if (lane == 0) {
+      if (e < n_expert) {
+        logits[row * n_expert + e] = acc;
+      } else {
+        shared_scale[row] = sigmoidf(acc);
+      }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) logits[row * n_expert + e] = acc;
   }
   __threadfence();
   __syncthreads();
@@ -311,9 +330,6 @@ __global__ void __launch_bounds__(kRouteThreads)
     h[row * dim4 + i] = s_h[i];
   }
   if (threadIdx.x == 0) counters[row] = 0;  // ready for the next launch (graph replays too)
-  if (gate_inp) {
-    shared_gate_block(reinterpret_cast<const float*>(s_h), gate_inp, 4 * dim4, shared_scale + row);
-  }
   if (warp != 0) return;
   route_row_warp<kPerLane>(logits + row * n_expert, n_expert, k, ids + row * k, weights + row * k,
                            prefetch);
@@ -411,13 +427,15 @@ bool norm_route_fits(const NormRouteArgs& a) {
   return a.n >= 1 && a.n <= kNormRouteMaxRows && a.dim % (4 * kRouteThreads) == 0 &&
          a.dim <= 4 * kRouteThreads * kNormRouteMaxVec && a.n_expert <= 512 && a.k <= 32 &&
          a.k <= a.n_expert && aligned(a.x) && aligned(a.delta) && aligned(a.norm) && aligned(a.h) &&
-         a.router != nullptr && aligned(a.router) && a.counters != nullptr;
+         a.router != nullptr && aligned(a.router) && a.counters != nullptr &&
+         (a.gate_inp == nullptr || aligned(a.gate_inp));
 }
 
 void moe_norm_route(const NormRouteArgs& a, cudaStream_t stream) {
   if (!norm_route_fits(a)) cuda_fail("moe_norm_route: arguments outside what its kernel takes");
   constexpr int kWarps = kRouteThreads / 32;
-  const unsigned blocks = static_cast<unsigned>(std::min((a.n_expert + kWarps - 1) / kWarps, 64));
+  const int rows = a.n_expert + (a.gate_inp ? 1 : 0);  // the shared gate: one more row
+  const unsigned blocks = static_cast<unsigned>(std::min((rows + kWarps - 1) / kWarps, 64));
   const int64_t dim4 = a.dim / 4;
   const size_t smem = static_cast<size_t>(dim4) * sizeof(float4);
   with_per_lane(a.n_expert, [&](auto per_lane) {
