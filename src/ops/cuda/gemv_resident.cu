@@ -210,37 +210,58 @@ constexpr int unit_acts() {
   return unit_elems<T>() / 16;
 }
 
+// Eight elements of x (one quarter of a block of 32: thread t of four) into sq / sd.
+__device__ __forceinline__ void quantise_eight(float4 v0, float4 v1, int t, int8_t* sq, float* sd) {
+  const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+  float amax = 0.0f;
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    amax = fmaxf(amax, fabsf(v[i]));
+    bad = bad || isnan(v[i]);
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  int any_bad = bad ? 1 : 0;
+  any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 1);
+  any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 2);
+  const float scale = any_bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  uint32_t packed[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    packed[i / 4] |= (uint32_t(__float2int_rn(v[i] * inv)) & 0xff) << (8 * (i % 4));
+  *reinterpret_cast<uint2*>(sq + 8 * t) = make_uint2(packed[0], packed[1]);
+  if (t % 4 == 0) sd[t / 4] = scale;
+}
+
 // x [in] (in a multiple of 256, 16-byte aligned) into shared memory as int8 blocks of 32 with
 // quantize_q8_kernel's arithmetic, by threads tid of n (a multiple of 32): four threads a block,
 // eight elements each (in / 8 is a multiple of 32, so whole warps take part in each round of
-// shuffles).
+// shuffles). Up to two rounds a thread load everything before quantising (one wait on L2, not
+// one a round).
 __device__ __forceinline__ void quantise_x_shared(const float* x, int in, int8_t* sq, float* sd,
                                                   int tid, int n) {
-  for (int t = tid; t < in / 8; t += n) {
-    const float4 v0 = reinterpret_cast<const float4*>(x)[2 * t];
-    const float4 v1 = reinterpret_cast<const float4*>(x)[2 * t + 1];
-    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    float amax = 0.0f;
-    bool bad = false;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const int units = in / 8;
+  if (units <= 2 * n) {
+    float4 v[2][2] = {};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      amax = fmaxf(amax, fabsf(v[i]));
-      bad = bad || isnan(v[i]);
+    for (int q = 0; q < 2; ++q) {
+      const int t = tid + q * n;
+      if (t < units) {
+        v[q][0] = x4[2 * t];
+        v[q][1] = x4[2 * t + 1];
+      }
     }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    int any_bad = bad ? 1 : 0;
-    any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 1);
-    any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 2);
-    const float scale = any_bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
-    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    uint32_t packed[2] = {0, 0};
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      packed[i / 4] |= (uint32_t(__float2int_rn(v[i] * inv)) & 0xff) << (8 * (i % 4));
-    *reinterpret_cast<uint2*>(sq + 8 * t) = make_uint2(packed[0], packed[1]);
-    if (t % 4 == 0) sd[t / 4] = scale;
+    for (int q = 0; q < 2; ++q) {
+      const int t = tid + q * n;
+      if (t < units) quantise_eight(v[q][0], v[q][1], t, sq, sd);
+    }
+    return;
   }
+  for (int t = tid; t < units; t += n) quantise_eight(x4[2 * t], x4[2 * t + 1], t, sq, sd);
 }
 
 // A lane's units of x in registers: units u0 + 32 i (i < UPL) of every row, their int8 values
@@ -365,12 +386,19 @@ __device__ __forceinline__ void resident_body(const ResidentArgs& a, int bx, int
   if (a.xq == nullptr) {
     const float* x =
         MODE == kResPairs || MODE == kResCombine ? a.x + int64_t{blockIdx.y} * a.in : a.x;
+    // kResCombine: each pair's block scales times its routing weight (loaded with x).
+    const int n_blocks = a.in / qb::kActBlock;
+    float wt = 0.0f;
+    if constexpr (MODE == kResCombine) {
+      if (int(threadIdx.x) < n_blocks)
+        wt = a.weights[int64_t{blockIdx.y} * a.k + threadIdx.x / (n_blocks / a.k)];
+    }
     quantise_x_shared(x, a.in, sq, sd, threadIdx.x, blockDim.x);
     __syncthreads();
-    if constexpr (MODE == kResCombine) {  // each pair's block scales times its routing weight
-      const int blocks_per_pair = a.in / a.k / qb::kActBlock;
-      for (int b = threadIdx.x; b < a.in / qb::kActBlock; b += blockDim.x)
-        sd[b] *= a.weights[int64_t{blockIdx.y} * a.k + b / blocks_per_pair];
+    if constexpr (MODE == kResCombine) {
+      if (int(threadIdx.x) < n_blocks) sd[threadIdx.x] *= wt;
+      for (int b = threadIdx.x + blockDim.x; b < n_blocks; b += blockDim.x)
+        sd[b] *= a.weights[int64_t{blockIdx.y} * a.k + b / (n_blocks / a.k)];
       __syncthreads();
     }
   }
