@@ -179,13 +179,21 @@ __device__ void route_row_warp(const float* l, int n_expert, int k, int32_t* __r
         id = e;
       }
     }
-    for (int off = 16; off > 0; off /= 2) {
-      const double ov = __shfl_xor_sync(0xffffffffu, v, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, id, off);
-      if (ov > v || (ov == v && oi < id)) {
-        v = ov;
-        id = oi;
-      }
+    // The warp's largest v, ties to the lower id. Non-negative doubles order as their bit
+    // patterns (+1 here, so that 0 stands for a lane with nothing left): three warp reductions
+    // (high word, low word among the lanes holding the high word, the lowest id among the
+    // lanes holding both) instead of five rounds of two double and one int shuffles.
+    {
+      const unsigned long long key =
+          v >= 0 ? static_cast<unsigned long long>(__double_as_longlong(v)) + 1ull : 0ull;
+      const unsigned hi = static_cast<unsigned>(key >> 32), lo = static_cast<unsigned>(key);
+      const unsigned max_hi = __reduce_max_sync(0xffffffffu, hi);
+      const unsigned max_lo = __reduce_max_sync(0xffffffffu, hi == max_hi ? lo : 0u);
+      const bool best = hi == max_hi && lo == max_lo;
+      id = static_cast<int>(
+          __reduce_min_sync(0xffffffffu, best ? static_cast<unsigned>(id) : 0xffffffffu));
+      v = __longlong_as_double(static_cast<long long>(
+          ((static_cast<unsigned long long>(max_hi) << 32) | max_lo) - 1ull));
     }
     picked += v;
     if (lane == j) {
