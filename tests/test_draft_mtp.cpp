@@ -364,6 +364,43 @@ TEST_P(DraftMtpTest, APausedDrafterHoldsItsRowsAndCatchesUp) {
   EXPECT_LE(max_lag, 65);  // Scheduler::Impl::kMtpHeldRows + the step's row
 }
 
+// Under the cost model (the default) the MTP block runs for a reply only from its first chosen
+// draft on. Alone and never exploring, a reply measures only one-row steps, never drafts, and its
+// MTP track stays empty: no MTP forward, prompt included. Exploring from its first token it
+// drafts (the MTP track starting with the rows held until then). The output is the plain one.
+TEST_P(DraftMtpTest, UnderTheCostModelTheMtpBlockRunsOnlyOnceADraftIsChosen) {
+  MatmulIsaCap cap;
+  const auto all = prompts(ref() ? 40 : 150, 0.0f);
+  const auto plain_all = run(all, {});
+  size_t longest = 0;
+  for (size_t i = 1; i < plain_all.size(); ++i) {
+    if (plain_all[i].tokens.size() > plain_all[longest].tokens.size()) longest = i;
+  }
+  const std::vector alone(all.begin() + longest, all.begin() + longest + 1);
+  const auto plain = run(alone, {});
+  auto& states = engine_->states();
+  int64_t most_mtp = 0, most_trunk = 0;
+  const auto track = [&] {
+    for (int slot = 0; slot < states.n_slots(); ++slot) {
+      most_mtp = std::max(most_mtp, states.n_mtp_tokens(slot));
+      most_trunk = std::max(most_trunk, states.n_tokens(slot));
+    }
+  };
+  DraftOptions model{.kind = DraftKind::kMtp, .max_tokens = 3};
+  model.explore_after = 1 << 20;
+  const auto never = run(alone, model, false, 1, track);
+  expect_same(exact(), plain, never, "cost model, never exploring");
+  EXPECT_EQ(never[0].last.n_checks, 0);
+  EXPECT_GT(most_trunk, 0);
+  EXPECT_EQ(most_mtp, 0) << "the MTP block ran for a reply that never drafted";
+  model.explore_after = 0;
+  most_mtp = most_trunk = 0;
+  const auto explored = run(alone, model, false, 1, track);
+  expect_same(exact(), plain, explored, "cost model, exploring");
+  EXPECT_GT(explored[0].last.n_checks, 0);
+  EXPECT_GT(most_mtp, 0);
+}
+
 TEST_P(DraftMtpTest, MixedWithSequencesThatDoNotDraftAndWithLimits) {
   MatmulIsaCap cap;
   auto seqs = prompts(ref() ? 40 : 120, 0.0f);

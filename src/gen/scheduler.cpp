@@ -151,6 +151,7 @@ void Scheduler::Impl::admit(Sequence& seq) {
   seq.mtp_next = seq.position;
   seq.mtp_first.reset();
   seq.mtp_held.clear();
+  seq.mtp_started = false;
   // What the reply starts with when it starts outside a think block, or when a zero budget
   // closes the block at once.
   if (!seq.thinking) {
@@ -308,7 +309,7 @@ void Scheduler::Impl::finish(Sequence& seq, FinishReason reason, std::string err
   const bool completed = reason == FinishReason::kStopToken ||
                          reason == FinishReason::kStopString || reason == FinishReason::kLength;
   if (cache && completed && seq.slot >= 0) {
-    flush_mtp_held(seq);
+    if (seq.mtp_started) flush_mtp_held(seq);  // (one that never drafted has no MTP track to end)
     cache_reply(seq);
   }
   if (seq.slot >= 0) {

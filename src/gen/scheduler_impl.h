@@ -75,6 +75,7 @@ struct Sequence {
   // every kProbeSteps refreshes the acceptance that keeps it plain).
   bool cost_paused = false;
   int plain_steps = 0;
+  bool draft_chosen = false;  // the cost model's last decision for it was a depth above zero
   // MTP drafting (DraftKind::kMtp): the trunk position of the next MTP row to feed (row p pairs
   // the trunk's hidden state at p with the token at p + 1); the draft the last fed row made (for
   // the position after the token to feed) and that row's output hidden state, the chain's input.
@@ -86,6 +87,10 @@ struct Sequence {
   // While drafting is paused: the trunk's hidden states of positions mtp_next, mtp_next + 1, ...
   // not yet fed (feed_mtp holds them back and feeds them in one step later).
   std::vector<float> mtp_held;
+  // Under the cost model the MTP block runs for a reply only from its first chosen draft on
+  // (feed_mtp): until then only the last kMtpHeldRows rows are held, so a reply that never
+  // drafts costs no MTP forward.
+  bool mtp_started = false;
   bool snapshot_due = false;  // a prompt snapshot waits for the step's MTP rows
 };
 
@@ -145,7 +150,9 @@ struct Scheduler::Impl {
   // hidden state at p and the token at p + 1), and takes the first draft of the next step from
   // the last of them. While a decoding sequence's drafting is paused its rows are held back
   // (Sequence::mtp_held, up to kMtpHeldRows) and fed together when drafting resumes: a paused
-  // drafter then costs one MTP step per kMtpHeldRows tokens, not one per token.
+  // drafter then costs one MTP step per kMtpHeldRows tokens, not one per token. Under the cost
+  // model a sequence's rows are not fed at all before its first chosen draft, prompt included:
+  // only its last kMtpHeldRows rows are held, and the MTP track starts with them.
   void feed_mtp();
   // Feeds a finishing sequence's held rows, so a reply snapshot holds the whole MTP track.
   void flush_mtp_held(Sequence& seq);

@@ -31,6 +31,7 @@ int32_t Scheduler::Impl::make_drafts(Sequence& seq, int64_t other_rows) {
     probe = chosen == 0 && seq.plain_steps >= kProbeSteps;
     depth = probe ? 1 : chosen;
     seq.cost_paused = depth == 0;
+    seq.draft_chosen = depth > 0;
     if (depth == 0) {
       ++seq.plain_steps;
       return 0;
@@ -111,6 +112,22 @@ void Scheduler::Impl::feed_mtp() {
       return p < en.first_position ? s.mtp_held.data() + (p - s.mtp_next) * e
                                    : hidden.data() + (en.hidden_row + p - en.first_position) * e;
     };
+    // Under the cost model, before the sequence's first chosen draft: no MTP forward. The rows
+    // past the last kMtpHeldRows are dropped (never fed: the MTP track starts with the window,
+    // which only makes its drafts a little worse; the trunk checks them), the rest held.
+    if (options.draft.pause_when_slower && !s.mtp_started && !(first && s.draft_chosen)) {
+      const int64_t keep_from = std::max(s.mtp_next, end - kMtpHeldRows);
+      const int64_t drop = std::min(held_rows, keep_from - s.mtp_next);
+      s.mtp_held.erase(s.mtp_held.begin(), s.mtp_held.begin() + drop * e);
+      held_rows -= drop;
+      s.mtp_next = held_rows > 0 ? s.mtp_next + drop : keep_from;
+      for (int64_t p = s.mtp_next + held_rows; p < end; ++p) {
+        const float* h = hidden_at(p);
+        s.mtp_held.insert(s.mtp_held.end(), h, h + e);
+      }
+      continue;
+    }
+    s.mtp_started = true;
     // Drafting paused while decoding (prompt rows always go in: snapshots hold them): hold.
     if (!first && !s.prefilling() && !s.snapshot_due &&
         std::max(end, en.first_position) - s.mtp_next <= kMtpHeldRows) {
