@@ -106,6 +106,7 @@ std::unique_ptr<Sequence> Scheduler::Impl::make_sequence(SequenceParams params, 
   if (options.draft.kind != DraftKind::kNone && seq->params.draft)
     seq->controller = DraftController(options.draft.max_tokens);
   seq->mtp = options.draft.kind == DraftKind::kMtp && seq->params.draft;
+  seq->cost_paused = options.draft.pause_when_slower;  // plain until the cost model chooses a draft
   if (!seq->params.forced_after_thinking.empty())
     seq->forced_after_thinking = tokenizer.encode(seq->params.forced_after_thinking, true);
   return seq;

@@ -71,11 +71,11 @@ struct Sequence {
   bool checking = false;  // the slot still holds every row of the check being taken
   int draft_depth = 0;    // the drafts the step being built wants
   // The cost model's verdict for this sequence (options.draft.pause_when_slower): its last
-  // decision was a plain step, and the decode steps in a row it chose plain (a probe of one draft
-  // every kProbeSteps refreshes the acceptance that keeps it plain).
+  // decision was a plain step (so too before its first decision), and the decode steps in a row
+  // it chose plain (a probe of one draft every kProbeSteps refreshes the acceptance that keeps
+  // it plain).
   bool cost_paused = false;
   int plain_steps = 0;
-  bool draft_chosen = false;  // the cost model's last decision for it was a depth above zero
   // MTP drafting (DraftKind::kMtp): the trunk position of the next MTP row to feed (row p pairs
   // the trunk's hidden state at p with the token at p + 1); the draft the last fed row made (for
   // the position after the token to feed) and that row's output hidden state, the chain's input.

@@ -31,7 +31,6 @@ int32_t Scheduler::Impl::make_drafts(Sequence& seq, int64_t other_rows) {
     probe = chosen == 0 && seq.plain_steps >= kProbeSteps;
     depth = probe ? 1 : chosen;
     seq.cost_paused = depth == 0;
-    seq.draft_chosen = depth > 0;
     if (depth == 0) {
       ++seq.plain_steps;
       return 0;
@@ -115,7 +114,7 @@ void Scheduler::Impl::feed_mtp() {
     // Under the cost model, before the sequence's first chosen draft: no MTP forward. The rows
     // past the last kMtpHeldRows are dropped (never fed: the MTP track starts with the window,
     // which only makes its drafts a little worse; the trunk checks them), the rest held.
-    if (options.draft.pause_when_slower && !s.mtp_started && !(first && s.draft_chosen)) {
+    if (options.draft.pause_when_slower && !s.mtp_started && !first) {
       const int64_t keep_from = std::max(s.mtp_next, end - kMtpHeldRows);
       const int64_t drop = std::min(held_rows, keep_from - s.mtp_next);
       s.mtp_held.erase(s.mtp_held.begin(), s.mtp_held.begin() + drop * e);
