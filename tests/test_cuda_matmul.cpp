@@ -1,6 +1,6 @@
 // The CUDA matmul kernels (ops/cuda/matmul.cu) against ops::ref: every type with a kernel, the
-// GEMV (n <= 8), tensor-core GEMV (2..64) and chunked / GEMM (n > 8) paths, odd shapes, fresh
-// random inputs, NaN-poisoned outputs. matmul and embed go through the public backend
+// GEMV (n <= 8), tensor-core GEMV (3..32), dense int8 GEMM (33..256) and chunked / GEMM (n > 8)
+// paths, odd shapes, fresh random inputs, NaN-poisoned outputs. matmul and embed go through the public backend
 // (make_cuda_ops); matmul_group, matmul_swiglu and the expert launchers are not reachable through
 // Ops, so they are called directly on device buffers this file allocates.
 //
@@ -32,8 +32,9 @@ namespace {
 struct OutN {
   int64_t out, n;
 };
-// Every n of the GEMV (1..8), tensor-core GEMV (2..64: one, two, four and eight 8-row tiles, the
-// last one partial) and chunked / GEMM (9, 33, 65, 200) paths, odd outs.
+// Every n of the GEMV (1..8), tensor-core GEMV (3..32: one, two and four 8-row tiles, the last one
+// partial), dense int8 GEMM (33..256: Q4_K, Q5_K, Q6_K, Q8_0) and chunked / GEMM (9, 33, 65, 200
+// for the other types) paths, odd outs.
 const std::vector<OutN> kOutN = {{1, 1},    {7, 2},    {61, 3},   {300, 5},  {7, 8},
                                  {61, 9},   {300, 16}, {61, 17},  {300, 33}, {7, 40},
                                  {300, 64}, {61, 65},  {61, 200}, {1, 200}};
@@ -403,9 +404,9 @@ TEST(CudaMatmulLaunchers, GroupedExpertsMatchReference) {
   check_grouped(DType::F32, false, false, 128, 64, 4, 2, 37, false, rng);
 }
 
-// The prefill GEMM path (n >= 32 rows: weights expanded, cuBLAS) on the shapes of a real layer
-// slice, every type, against the reference (the matmul tests above cover n = 33 and 200 on small
-// shapes too).
+// The prefill GEMM path (past 256 rows, and from 32 for the types the dense int8 GEMM lacks:
+// weights expanded, cuBLAS) on the shapes of a real layer slice, every type, against the
+// reference.
 TEST(CudaMatmulLaunchers, PrefillGemmMatchesReference) {
   if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(31);
@@ -413,7 +414,7 @@ TEST(CudaMatmulLaunchers, PrefillGemmMatchesReference) {
                      DType::F16, DType::BF16, DType::F32}) {
     for (bool q8s : {false, true}) {
       if (q8s && type != DType::Q8_0) continue;
-      const int64_t in = 1024, out = 700, n = 77;
+      const int64_t in = 1024, out = 700, n = 300;  // past the dense int8 GEMM's 33..256
       const HostWeight hw = make_weight(type, in, out, 1, rng);
       const std::vector<float> x = random_floats(n * in, rng);
       std::vector<float> want(n * out);
@@ -430,6 +431,82 @@ TEST(CudaMatmulLaunchers, PrefillGemmMatchesReference) {
           << dtype_name(type) << (q8s ? " superblocks" : "");
     }
   }
+}
+
+// The dense int8 GEMM (moe_mmq.cu's kernels over the rows in order: batched decode from 33 rows)
+// with every tile size, against the reference: rows that leave a partial tile, outs that leave a
+// partial block, SwiGLU pairs; types without the kernel are refused, launching nothing.
+TEST(CudaMatmulLaunchers, DenseInt8GemmMatchesReference) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(41);
+  const int64_t in = 512, out = 300;
+  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0}) {
+    const HostWeight hw = make_weight(type, in, out, 1, rng);
+    const PlacedWeight pw = place_weight(hw, type == DType::Q8_0);
+    for (int64_t n : {33, 64, 77, 130}) {
+      const std::vector<float> x = random_floats(n * in, rng);
+      std::vector<float> want(n * out);
+      ref::matmul(Weight{"w", hw.view}, x.data(), want.data(), n);
+      auto dx = to_device(x.data(), n * in * 4);
+      DeviceBuffer ws(matmul_workspace_bytes(pw.m, n));
+      for (int tile : {16, 32, 64}) {
+        auto dy = poisoned(n * out);
+        ASSERT_TRUE(matmul_mmq(pw.m, dx->f(), dy->f(), n, ws.ptr, tile, nullptr))
+            << dtype_name(type);
+        const std::vector<float> got = to_host(*dy, n * out);
+        EXPECT_LT(scaled_max_err(got, want, x, hw, n, in, out), scaled_tol(type))
+            << dtype_name(type) << " n=" << n << " tile=" << tile;
+        EXPECT_LT(rel_l2(got, want), 1e-2) << dtype_name(type) << " n=" << n << " tile=" << tile;
+      }
+    }
+  }
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+    const int64_t ff = 192;
+    const HostWeight hg = make_weight(type, in, ff, 1, rng), hu = make_weight(type, in, ff, 1, rng);
+    const PlacedWeight pg = place_weight(hg, type == DType::Q8_0);
+    const PlacedWeight pu = place_weight(hu, type == DType::Q8_0);
+    for (int64_t n : {33, 100}) {
+      const std::vector<float> x = random_floats(n * in, rng);
+      std::vector<float> g(n * ff), u(n * ff);
+      ref::matmul(Weight{"g", hg.view}, x.data(), g.data(), n);
+      ref::matmul(Weight{"u", hu.view}, x.data(), u.data(), n);
+      const std::vector<float> want = silu_mul_ref(g, u);
+      auto dx = to_device(x.data(), n * in * 4);
+      DeviceBuffer ws(matmul_swiglu_workspace_bytes(pg.m, n));
+      for (int tile : {16, 32, 64}) {
+        auto dy = poisoned(n * ff);
+        ASSERT_TRUE(matmul_swiglu_mmq(pg.m, pu.m, dx->f(), dy->f(), n, ws.ptr, tile, nullptr))
+            << dtype_name(type);
+        EXPECT_LT(rel_l2(to_host(*dy, n * ff), want), 2.5e-2)
+            << "swiglu " << dtype_name(type) << " n=" << n << " tile=" << tile;
+      }
+    }
+  }
+  // Refused: IQ4_XS, Q8_0 not in superblocks, a SwiGLU pair of two types, an ff not a multiple
+  // of 64 (the output must stay untouched: poisoned).
+  const int64_t n = 40;
+  const std::vector<float> x = random_floats(n * in, rng);
+  auto dx = to_device(x.data(), n * in * 4);
+  for (const auto& [type, q8s] : {std::pair{DType::IQ4_XS, false}, std::pair{DType::Q8_0, false}}) {
+    const HostWeight hw = make_weight(type, in, out, 1, rng);
+    const PlacedWeight pw = place_weight(hw, q8s);
+    DeviceBuffer ws(matmul_workspace_bytes(pw.m, n));
+    auto dy = poisoned(n * out);
+    EXPECT_FALSE(matmul_mmq(pw.m, dx->f(), dy->f(), n, ws.ptr, 0, nullptr)) << dtype_name(type);
+    const std::vector<float> got = to_host(*dy, n * out);
+    EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) { return std::isnan(v); }));
+  }
+  const HostWeight h4 = make_weight(DType::Q4_K, in, 192, 1, rng);
+  const HostWeight h6 = make_weight(DType::Q6_K, in, 192, 1, rng);
+  const HostWeight h4odd = make_weight(DType::Q4_K, in, 96, 1, rng);
+  const PlacedWeight p4 = place_weight(h4, false), p6 = place_weight(h6, false);
+  const PlacedWeight p4odd = place_weight(h4odd, false);
+  DeviceBuffer ws(matmul_swiglu_workspace_bytes(p4.m, n));
+  auto dy = poisoned(n * 192);
+  EXPECT_FALSE(matmul_swiglu_mmq(p4.m, p6.m, dx->f(), dy->f(), n, ws.ptr, 0, nullptr));
+  EXPECT_FALSE(matmul_swiglu_mmq(p4odd.m, p4odd.m, dx->f(), dy->f(), n, ws.ptr, 0, nullptr));
+  const std::vector<float> got = to_host(*dy, n * 192);
+  EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) { return std::isnan(v); }));
 }
 
 TEST(CudaMatmulLaunchers, WorkspaceGrowsWithRows) {

@@ -61,16 +61,20 @@ for what in "$@"; do
     timeline)
       # Kernel by kernel inside the replayed decode step (tools/cuda/timeline.py), with the CUPTI
       # injection library (build-cuda/libqwenrt_timeline.so, libcupti from .carry/lib); the same
-      # bench without it first, so the tracing's own cost shows.
+      # bench without it first, so the tracing's own cost shows. BATCH=B (default 0) times the
+      # aggregate decode of B sequences instead (the graph replayed last); DEPTH (default 512).
+      b=${BATCH:-0}; tag=$([ "$b" = 0 ] && echo "" || echo "-x$b")
+      graph=$([ "$b" = 0 ] && echo most || echo last)
       for m in ${MODELS:-35B-A3B 27B}; do
         f=/tmp/synth-$m.gguf
         [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-$m --quant Q4_K_M --out $f > /dev/null
-        timeout 120 build-cuda/qwenrt bench -m $f --backend cuda -p 1 -n 128 -d 512 -b 0 -r 1 2>&1 | tee "$out/timeline-plain-$m.txt" | tail -3
-        CUDA_INJECTION64_PATH=$PWD/build-cuda/libqwenrt_timeline.so QWENRT_TIMELINE=/tmp/timeline-$m.csv \
-          timeout 180 build-cuda/qwenrt bench -m $f --backend cuda -p 1 -n 128 -d 512 -b 0 -r 1 2>&1 | tee "$out/timeline-bench-$m.txt" | tail -3
-        python3 tools/cuda/timeline.py /tmp/timeline-$m.csv --layers 40 > "$out/timeline-$m.txt" 2>&1
-        head -45 "$out/timeline-$m.txt"
-        xz -T4 -c /tmp/timeline-$m.csv > "$out/timeline-$m.csv.xz"
+        args="-m $f --backend cuda -p 1 -n ${STEPS:-128} -d ${DEPTH:-512} -b $b -r 1"
+        timeout 120 build-cuda/qwenrt bench $args 2>&1 | tee "$out/timeline-plain-$m$tag.txt" | tail -3
+        CUDA_INJECTION64_PATH=$PWD/build-cuda/libqwenrt_timeline.so QWENRT_TIMELINE=/tmp/timeline-$m$tag.csv \
+          timeout 180 build-cuda/qwenrt bench $args 2>&1 | tee "$out/timeline-bench-$m$tag.txt" | tail -3
+        python3 tools/cuda/timeline.py /tmp/timeline-$m$tag.csv --graph $graph --layers 40 > "$out/timeline-$m$tag.txt" 2>&1
+        head -45 "$out/timeline-$m$tag.txt"
+        xz -T4 -c /tmp/timeline-$m$tag.csv > "$out/timeline-$m$tag.csv.xz"
       done ;;
     gemm)
       QWENRT_BENCH_TYPES=Q4_K,Q5_K,Q6_K,IQ4_XS,Q8_0sb timeout 200 build-cuda/cuda_gemv_bench 5 32,128,512 2>&1 | tee "$out/gemm-bench.txt"

@@ -36,6 +36,9 @@ def main():
     ap.add_argument("--skip", type=int, default=8, help="replays left out at the start")
     ap.add_argument("--layers", type=int, default=0, help="list the first N main-stream kernels of a replay in order (0: 60)")
     ap.add_argument("--width", type=int, default=110)
+    ap.add_argument("--graph", choices=["most", "last"], default="most",
+                    help="the graph replayed most, or the one whose replays start last (the last "
+                         "figure a bench timed: its aggregate decode with -b)")
     args = ap.parse_args()
 
     rows = []
@@ -65,7 +68,10 @@ def main():
     if not replays:
         print("no graph replays in", args.csv)
         return
-    g = max(replays, key=lambda k: len(replays[k]))
+    if args.graph == "last":
+        g = max(replays, key=lambda k: min(r[0] for r in replays[k][0]))
+    else:
+        g = max(replays, key=lambda k: len(replays[k]))
     reps = replays[g][args.skip:] or replays[g]
     print(f"graph {g}: {len(replays[g])} replays, {len(reps)} used, {len(reps[0])} kernels a replay")
 

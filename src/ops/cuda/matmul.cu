@@ -476,6 +476,27 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
   if (n <= 0) return;
   if (n_p < 1 || n_p > kMaxJobs) cuda_fail("matmul_group: {} projections (1..{})", n_p, kMaxJobs);
   const int64_t in = p[0].w.in;
+  if (mmq_dense_rows(n) && std::any_of(p, p + n_p, [](const Projection& q) {
+        return mmq_dense_kind(q.w);
+      })) {
+    // The int8 GEMM for the matrices it takes; the rest (float ones) as a group of their own
+    // after it (the stream orders their use of the workspace after its reads).
+    Projection rest[kMaxJobs];
+    int n_rest = 0;
+    const Acts a = prepare_acts(x, n, in, true, workspace, stream);
+    for (int i = 0; i < n_p; ++i) {
+      if (p[i].w.in != in)
+        cuda_fail("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in,
+                  in);
+      if (mmq_dense_kind(p[i].w)) {
+        mmq_dense(mat_arg(p[i].w, x, "matmul"), a, n, p[i].y, p[i].w.out, stream);
+      } else {
+        rest[n_rest++] = p[i];
+      }
+    }
+    if (n_rest > 0) run_group(rest, n_rest, x, n, workspace, stream);
+    return;
+  }
   bool any_quant = false;
   int64_t max_units = 0;
   Group g{};
@@ -625,6 +646,11 @@ void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* 
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
   const int rpb = kThreads / ts;
   const int64_t row_blocks = (gate.out + rpb - 1) / rpb;
+  if (mmq_dense_rows(n) && mmq_dense_swiglu_kind(gate, up)) {
+    const Acts a = prepare_acts(x, n, gate.in, true, workspace, stream);
+    mmq_dense_swiglu(g, u, a, n, y, stream);
+    return;
+  }
   if (mma_rows(n) && mma_kind(gate) && mma_kind(up)) {
     const Acts a = prepare_acts(x, n, gate.in, true, workspace, stream, mma_tiled(gate));
     if (mma_swiglu(g, u, y, n, a, stream)) return;
@@ -650,6 +676,23 @@ void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* 
     launch_swiglu(nr, g, u, y + row0 * gate.out, ts, rpb, n_chunks, row_blocks * n_chunks,
                   shift_rows(a, row0), stream);
   });
+}
+
+bool matmul_mmq(const Matrix& w, const float* x, float* y, int64_t n, void* workspace,
+                int tile_rows, cudaStream_t stream) {
+  if (!mmq_dense_kind(w)) return false;
+  const Acts a = prepare_acts(x, n, w.in, true, workspace, stream);
+  mmq_dense(mat_arg(w, x, "matmul_mmq"), a, n, y, w.out, stream, tile_rows);
+  return true;
+}
+
+bool matmul_swiglu_mmq(const Matrix& gate, const Matrix& up, const float* x, float* y, int64_t n,
+                       void* workspace, int tile_rows, cudaStream_t stream) {
+  if (!mmq_dense_swiglu_kind(gate, up)) return false;
+  const Acts a = prepare_acts(x, n, gate.in, true, workspace, stream);
+  mmq_dense_swiglu(mat_arg(gate, x, "matmul_swiglu_mmq gate"), mat_arg(up, x, "matmul_swiglu_mmq up"),
+                   a, n, y, stream, tile_rows);
+  return true;
 }
 
 void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, int k, const float* x,

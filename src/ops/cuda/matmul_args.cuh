@@ -143,6 +143,22 @@ bool mma_group(const Group& g, int64_t n, const Acts& a, cudaStream_t stream);
 bool mma_swiglu(const MatArg& g, const MatArg& u, float* y, int64_t n, const Acts& a,
                 cudaStream_t stream);
 
+// ---- moe_mmq.cu: dense matrices of many rows on the MoE's int8 GEMM (activations quantised by
+// the caller, with their block sums) ----
+// Whether n rows take it (QWENRT_CUDA_DENSE_MMQ="lo,hi", default 33..256; "0": never).
+bool mmq_dense_rows(int64_t n);
+// Whether W has a kernel (Q4_K, Q5_K, Q6_K, Q8_0 in superblocks; in a multiple of 256; aligned).
+bool mmq_dense_kind(const Matrix& w);
+// The same for a SwiGLU pair (one type; out a multiple of 64).
+bool mmq_dense_swiglu_kind(const Matrix& gate, const Matrix& up);
+// y [n, ldy] (columns 0..w.out) = x @ W^T; tiles of tile_rows rows (16, 32 or 64; 0: the rule
+// that keeps two blocks an SM).
+void mmq_dense(const MatArg& w, const Acts& a, int64_t n, float* y, int64_t ldy,
+               cudaStream_t stream, int tile_rows = 0);
+// y [n, gate.out] = silu(x @ gate^T) * (x @ up^T).
+void mmq_dense_swiglu(const MatArg& gate, const MatArg& up, const Acts& a, int64_t n, float* y,
+                      cudaStream_t stream, int tile_rows = 0);
+
 // ---- gemv_resident.cu: one activation row, x in fp32 (quantised inside) ----
 // Each returns false, having launched nothing, where it has no kernel or measured slower.
 bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,

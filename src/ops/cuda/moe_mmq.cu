@@ -17,12 +17,18 @@
 //   stored in fp32.
 // - down: blockIdx.y = a run of 16 W output rows (W warps x 16); reads the hidden rows of the
 //   tile's sorted positions, writes y_pairs [pair, out].
+// Dense matrices of many rows (mm::mmq_dense, mm::mmq_dense_swiglu: batched decode, between the
+// tensor-core GEMV and the bf16 cuBLAS GEMM) run the same kernels as one expert whose pairs are
+// the rows in order (MmqArgs::dense_n > 0: no ExpertOrder); the SwiGLU form then writes
+// silu(gate) * up in fp32 (the dense FFN's down is a matmul of its own).
 // Staged rows are 288 bytes apart (256 + 32): lane (g, t) reads 8 bytes at row g, byte 8t + 32j,
 // so the 32 lanes cover all 32 banks twice (the least for 256 bytes).
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/expert_order.cuh"
@@ -30,6 +36,7 @@
 #include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/mma_quant.cuh"
 #include "ops/cuda/paged_kv.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace qwenrt::ops::cuda {
 namespace {
@@ -79,6 +86,11 @@ struct MmqArgs {
   float* hd;
   float* hs;
   float* y;
+  int64_t ldy;  // y's row stride (down), yf's (dense SwiGLU)
+  // Dense: rows 0..dense_n of a.a against the matrix (expert 0), tile t holding rows R t ..; the
+  // SwiGLU form writes yf [dense_n, ldy] in fp32 instead of hq / hd / hs.
+  int64_t dense_n;
+  float* yf;
 };
 
 // W = 8: one block an SM (~190 registers), the next superblock's weights loaded during this one's
@@ -91,19 +103,28 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
   constexpr bool kPrefetch = W == 8;
   const ExpertOrder& o = a.order;
   const int tile = blockIdx.x;
-  if (tile >= o.tile_start[o.n_expert]) return;
-  const int e = tile_expert(o, tile);
-  const int64_t m0 = o.pair_start[e] + int64_t(tile - o.tile_start[e]) * R;
-  const int rows = static_cast<int>(min(int64_t{R}, o.pair_start[e + 1] - m0));
+  const bool dense = a.dense_n > 0;
+  int e = 0;
+  int64_t m0 = int64_t{tile} * R;
+  if (dense) {
+    if (m0 >= a.dense_n) return;
+  } else {
+    if (tile >= o.tile_start[o.n_expert]) return;
+    e = tile_expert(o, tile);
+    m0 = o.pair_start[e] + int64_t(tile - o.tile_start[e]) * R;
+  }
+  const int rows =
+      static_cast<int>(min(int64_t{R}, (dense ? a.dense_n : o.pair_start[e + 1]) - m0));
 
   __shared__ Stage<R> st[2];
   __shared__ int32_t s_src[R];   // the activation row of each tile row, -1 past `rows`
-  __shared__ int32_t s_pair[R];  // its pair index
+  __shared__ int32_t s_pair[R];  // its pair index (dense: its row)
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
-    const int32_t p = r < rows ? o.pairs[m0 + r] : -1;
+    const auto row = static_cast<int32_t>(m0 + r);
+    const int32_t p = r < rows ? (dense ? row : o.pairs[m0 + r]) : -1;
     s_pair[r] = p;
-    s_src[r] = r < rows ? (kSwiGlu ? p / a.k : static_cast<int32_t>(m0 + r)) : -1;
+    s_src[r] = r < rows ? (kSwiGlu && !dense ? p / a.k : row) : -1;
   }
   __syncthreads();
 
@@ -183,8 +204,12 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
       const int col = 32 * b + lane;
       const float v = mm::silu(sh[r * kLd + col]) * sh[(R + r) * kLd + col];
       const int64_t pos = m0 + r, blk = int64_t{blockIdx.y} * kQBlocks + b;
-      mm::quantize_block32(v, lane, a.hq + pos * a.out + blk * 32, a.hd + pos * nbo + blk,
-                           a.hs + pos * nbo + blk);
+      if (dense) {
+        a.yf[pos * a.ldy + blk * 32 + lane] = v;
+      } else {
+        mm::quantize_block32(v, lane, a.hq + pos * a.out + blk * 32, a.hd + pos * nbo + blk,
+                             a.hs + pos * nbo + blk);
+      }
     }
   } else {
 #pragma unroll
@@ -193,7 +218,7 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
       for (int i = 0; i < 4; ++i) {
         const int col = 8 * nt + 2 * t + i % 2;
         const int64_t row = row0 + g + 8 * (i / 2);
-        if (col < rows && row < a.out) a.y[int64_t{s_pair[col]} * a.out + row] = acc[nt][i];
+        if (col < rows && row < a.out) a.y[int64_t{s_pair[col]} * a.ldy + row] = acc[nt][i];
       }
   }
 }
@@ -215,9 +240,39 @@ bool type_fits(const Matrix& w) {
   return mm::aligned(w.data, need) && w.row_bytes % need == 0 && w.expert_bytes % need == 0;
 }
 
+// A launch of tiles x (out / rows a block) blocks of tiles of tile_rows (16, 32 or 64) pairs.
 template <bool kSwiGlu>
-void launch(const Matrix& w0, const Matrix* w1, const ExpertOrder& order, int k, mm::Acts acts,
-            int8_t* hq, float* hd, float* hs, float* y, cudaStream_t stream) {
+void launch(const MmqArgs& a, DType dtype, bool q8s, unsigned tiles, int tile_rows,
+            cudaStream_t stream) {
+  auto go = [&]<int W>() {
+    const int64_t per = kSwiGlu ? swiglu_cols<W>() : down_rows<W>();
+    const dim3 grid(tiles, static_cast<unsigned>((a.out + per - 1) / per));
+    return mm::mmaq::with_type(dtype, q8s, [&]<class T>() {
+      switch (tile_rows) {
+        case 16:
+          mmq_kernel<T, 2, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
+          break;
+        case 32:
+          mmq_kernel<T, 4, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
+          break;
+        case 64:
+          mmq_kernel<T, 8, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
+          break;
+        default:
+          cuda_fail("mmq: tiles of {} rows (16, 32 or 64)", tile_rows);
+      }
+    });
+  };
+  const bool launched =
+      mmq_warps() == 4 ? go.template operator()<4>() : go.template operator()<8>();
+  if (!launched) cuda_fail("mmq: no kernel for {}", dtype_name(dtype));
+  QWENRT_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kSwiGlu>
+void launch_experts(const Matrix& w0, const Matrix* w1, const ExpertOrder& order, int k,
+                    mm::Acts acts, int8_t* hq, float* hd, float* hs, float* y,
+                    cudaStream_t stream) {
   MmqArgs a{};
   a.w0 = static_cast<const uint8_t*>(w0.data);
   a.w1 = w1 ? static_cast<const uint8_t*>(w1->data) : nullptr;
@@ -231,30 +286,9 @@ void launch(const Matrix& w0, const Matrix* w1, const ExpertOrder& order, int k,
   a.hd = hd;
   a.hs = hs;
   a.y = y;
-  auto go = [&]<int W>() {
-    const int64_t per = kSwiGlu ? swiglu_cols<W>() : down_rows<W>();
-    const dim3 grid(static_cast<unsigned>(order.max_tiles),
-                    static_cast<unsigned>((w0.out + per - 1) / per));
-    return mm::mmaq::with_type(w0.dtype, w0.q8_superblocks, [&]<class T>() {
-      switch (order.tile_rows) {
-        case 16:
-          mmq_kernel<T, 2, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
-          break;
-        case 32:
-          mmq_kernel<T, 4, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
-          break;
-        case 64:
-          mmq_kernel<T, 8, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
-          break;
-        default:
-          cuda_fail("mmq experts: tiles of {} pairs (16, 32 or 64)", order.tile_rows);
-      }
-    });
-  };
-  const bool launched =
-      mmq_warps() == 4 ? go.template operator()<4>() : go.template operator()<8>();
-  if (!launched) cuda_fail("mmq experts: no kernel for {}", dtype_name(w0.dtype));
-  QWENRT_CUDA_CHECK_LAUNCH();
+  a.ldy = w0.out;
+  launch<kSwiGlu>(a, w0.dtype, w0.q8_superblocks, static_cast<unsigned>(order.max_tiles),
+                  order.tile_rows, stream);
 }
 
 int64_t align256(int64_t bytes) {
@@ -302,9 +336,92 @@ void mmq_experts(const Matrix& gate, const Matrix& up, const Matrix& down, const
   auto* hd = reinterpret_cast<float*>(base);
   base += align256(n_pairs * (ff / qb::kActBlock) * 4);
   auto* hs = reinterpret_cast<float*>(base);
-  launch<true>(gate, &up, order, k, xa, hq, hd, hs, nullptr, stream);
+  launch_experts<true>(gate, &up, order, k, xa, hq, hd, hs, nullptr, stream);
   const mm::Acts ha{hq, hd, nullptr, ff, hs};
-  launch<false>(down, nullptr, order, 1, ha, nullptr, nullptr, nullptr, y_pairs, stream);
+  launch_experts<false>(down, nullptr, order, 1, ha, nullptr, nullptr, nullptr, y_pairs, stream);
 }
 
+namespace mm {
+namespace {
+
+// QWENRT_CUDA_DENSE_MMQ="lo,hi": the dense matmuls of lo..hi rows run here ("0": never).
+std::pair<int64_t, int64_t> dense_range() {
+  const char* v = std::getenv("QWENRT_CUDA_DENSE_MMQ");
+  if (v == nullptr || *v == '\0') return {33, 256};
+  long long lo = 0, hi = 0;
+  if (std::sscanf(v, "%lld,%lld", &lo, &hi) != 2 || lo < 1 || hi < lo) return {1, 0};
+  return {lo, hi};
+}
+
+// Rows a tile: the largest of 64 and 32 that still gives two blocks an SM, else 16 (the tiles of
+// one run of weight rows then read them from L2, not DRAM). QWENRT_CUDA_DENSE_MMQ_TILE=16|32|64
+// fixes it (a measurement knob).
+int dense_tile_rows(int64_t n, int64_t out, bool swiglu) {
+  static const int fixed = [] {
+    const char* v = std::getenv("QWENRT_CUDA_DENSE_MMQ_TILE");
+    const int r = v ? std::atoi(v) : 0;
+    return r == 16 || r == 32 || r == 64 ? r : 0;
+  }();
+  if (fixed) return fixed;
+  const int w = mmq_warps();
+  const int64_t per = swiglu ? (w == 8 ? swiglu_cols<8>() : swiglu_cols<4>())
+                             : (w == 8 ? down_rows<8>() : down_rows<4>());
+  const int64_t col_blocks = (out + per - 1) / per;
+  for (int r : {64, 32}) {
+    if ((n + r - 1) / r * col_blocks >= 2 * int64_t{sm_count()}) return r;
+  }
+  return 16;
+}
+
+MmqArgs dense_args(const MatArg& w, const Acts& a, int64_t n) {
+  MmqArgs args{};
+  args.w0 = w.data;
+  args.row_bytes = w.row_bytes;
+  args.out = w.out;
+  args.a = a;
+  args.k = 1;
+  args.dense_n = n;
+  return args;
+}
+
+}  // namespace
+
+bool mmq_dense_rows(int64_t n) {
+  static const std::pair<int64_t, int64_t> range = dense_range();
+  return n >= range.first && n <= range.second;
+}
+
+bool mmq_dense_kind(const Matrix& w) {
+  return w.n_expert == 1 && type_fits(w);
+}
+
+bool mmq_dense_swiglu_kind(const Matrix& gate, const Matrix& up) {
+  return mmq_dense_kind(gate) && mmq_dense_kind(up) && gate.dtype == up.dtype &&
+         gate.q8_superblocks == up.q8_superblocks && gate.in == up.in && gate.out == up.out &&
+         gate.row_bytes == up.row_bytes && gate.out % swiglu_cols<8>() == 0;
+}
+
+void mmq_dense(const MatArg& w, const Acts& a, int64_t n, float* y, int64_t ldy,
+               cudaStream_t stream, int tile_rows) {
+  if (n <= 0 || w.out <= 0) return;
+  MmqArgs args = dense_args(w, a, n);
+  args.y = y;
+  args.ldy = ldy;
+  const int tile = tile_rows ? tile_rows : dense_tile_rows(n, w.out, false);
+  launch<false>(args, w.dtype, w.q8s, static_cast<unsigned>((n + tile - 1) / tile), tile, stream);
+}
+
+void mmq_dense_swiglu(const MatArg& gate, const MatArg& up, const Acts& a, int64_t n, float* y,
+                      cudaStream_t stream, int tile_rows) {
+  if (n <= 0 || gate.out <= 0) return;
+  MmqArgs args = dense_args(gate, a, n);
+  args.w1 = up.data;
+  args.yf = y;
+  args.ldy = gate.out;
+  const int tile = tile_rows ? tile_rows : dense_tile_rows(n, gate.out, true);
+  launch<true>(args, gate.dtype, gate.q8s, static_cast<unsigned>((n + tile - 1) / tile), tile,
+               stream);
+}
+
+}  // namespace mm
 }  // namespace qwenrt::ops::cuda
