@@ -1,5 +1,5 @@
 // The CUDA matmul kernels (ops/cuda/matmul.cu) against ops::ref: every type with a kernel, the
-// GEMV (n <= 8), tensor-core GEMV (3..32), dense int8 GEMM (33..256) and chunked / GEMM (n > 8)
+// GEMV (n <= 8), tensor-core GEMV (3..32), dense int8 GEMM (33..64) and chunked / GEMM (n > 8)
 // paths, odd shapes, fresh random inputs, NaN-poisoned outputs. matmul and embed go through the public backend
 // (make_cuda_ops); matmul_group, matmul_swiglu and the expert launchers are not reachable through
 // Ops, so they are called directly on device buffers this file allocates.
@@ -33,8 +33,8 @@ struct OutN {
   int64_t out, n;
 };
 // Every n of the GEMV (1..8), tensor-core GEMV (3..32: one, two and four 8-row tiles, the last one
-// partial), dense int8 GEMM (33..256: Q4_K, Q5_K, Q6_K, Q8_0) and chunked / GEMM (9, 33, 65, 200
-// for the other types) paths, odd outs.
+// partial), dense int8 GEMM (33, 40, 64 for Q4_K, Q5_K, Q6_K, Q8_0) and chunked (9) / cuBLAS GEMM
+// (65, 200, and 33..64 for the other types) paths, odd outs.
 const std::vector<OutN> kOutN = {{1, 1},    {7, 2},    {61, 3},   {300, 5},  {7, 8},
                                  {61, 9},   {300, 16}, {61, 17},  {300, 33}, {7, 40},
                                  {300, 64}, {61, 65},  {61, 200}, {1, 200}};
@@ -404,7 +404,7 @@ TEST(CudaMatmulLaunchers, GroupedExpertsMatchReference) {
   check_grouped(DType::F32, false, false, 128, 64, 4, 2, 37, false, rng);
 }
 
-// The prefill GEMM path (past 256 rows, and from 32 for the types the dense int8 GEMM lacks:
+// The prefill GEMM path (past 64 rows, and from 32 for the types the dense int8 GEMM lacks:
 // weights expanded, cuBLAS) on the shapes of a real layer slice, every type, against the
 // reference.
 TEST(CudaMatmulLaunchers, PrefillGemmMatchesReference) {
@@ -414,7 +414,7 @@ TEST(CudaMatmulLaunchers, PrefillGemmMatchesReference) {
                      DType::F16, DType::BF16, DType::F32}) {
     for (bool q8s : {false, true}) {
       if (q8s && type != DType::Q8_0) continue;
-      const int64_t in = 1024, out = 700, n = 300;  // past the dense int8 GEMM's 33..256
+      const int64_t in = 1024, out = 700, n = 77;  // past the dense int8 GEMM's 33..64
       const HostWeight hw = make_weight(type, in, out, 1, rng);
       const std::vector<float> x = random_floats(n * in, rng);
       std::vector<float> want(n * out);
@@ -434,7 +434,7 @@ TEST(CudaMatmulLaunchers, PrefillGemmMatchesReference) {
 }
 
 // The dense int8 GEMM (moe_mmq.cu's kernels over the rows in order: batched decode from 33 rows)
-// with every tile size, against the reference: rows that leave a partial tile, outs that leave a
+// (called directly, so for any n) with every tile size, against the reference: rows that leave a partial tile, outs that leave a
 // partial block, SwiGLU pairs; types without the kernel are refused, launching nothing.
 TEST(CudaMatmulLaunchers, DenseInt8GemmMatchesReference) {
   if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";

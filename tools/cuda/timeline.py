@@ -36,6 +36,9 @@ def main():
     ap.add_argument("--skip", type=int, default=8, help="replays left out at the start")
     ap.add_argument("--layers", type=int, default=0, help="list the first N main-stream kernels of a replay in order (0: 60)")
     ap.add_argument("--width", type=int, default=110)
+    ap.add_argument("--eager", action="store_true",
+                    help="kernels outside graphs instead (steps of more rows than a graph takes): "
+                         "each kernel name's summed time and count")
     ap.add_argument("--graph", choices=["most", "last"], default="most",
                     help="the graph replayed most, or the one whose replays start last (the last "
                          "figure a bench timed: its aggregate decode with -b)")
@@ -47,6 +50,25 @@ def main():
             rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), int(r["graph_id"]),
                          int(r["graph_node_id"]), int(r["grid"]), int(r["block"]), r["name"]))
     rows.sort()
+
+    if args.eager:
+        eager = [r for r in rows if r[3] == 0]
+        if not eager:
+            print("no kernels outside graphs in", args.csv)
+            return
+        span = max(r[1] for r in eager) - min(r[0] for r in eager)
+        by = collections.defaultdict(lambda: [0, 0])
+        for r in eager:
+            by[r[7]][0] += 1
+            by[r[7]][1] += r[1] - r[0]
+        busy = sum(v[1] for v in by.values())
+        print(f"{len(eager)} kernels outside graphs over {span / 1e6:.1f} ms, "
+              f"{busy / 1e6:.1f} ms of kernel time")
+        print(f"\n{'kernel':<{args.width}} {'n':>6} {'ms':>9} {'%':>6} {'us each':>8}")
+        for name, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:40]:
+            print(f"{short(name, args.width):<{args.width}} {n:>6} {t / 1e6:>9.2f} "
+                  f"{100 * t / busy:>5.1f}% {t / n / 1e3:>8.1f}")
+        return
 
     # Replays: per graph id, split at a node id seen again.
     replays = collections.defaultdict(list)  # graph id -> list of replays (lists of rows)

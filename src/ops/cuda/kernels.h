@@ -78,7 +78,7 @@ void matmul_group(const Projection* p, int n_p, const float* x, int64_t n, void*
 int64_t matmul_swiglu_workspace_bytes(const Matrix& gate, int64_t n);
 void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* y, int64_t n,
                    void* workspace, cudaStream_t stream);
-// The dense int8 GEMM that matmul, matmul_group and matmul_swiglu run for 33..256 rows
+// The dense int8 GEMM that matmul, matmul_group and matmul_swiglu run for 33..64 rows
 // (QWENRT_CUDA_DENSE_MMQ), called directly with tiles of tile_rows rows (16, 32 or 64; 0: its own
 // rule), for tests and benchmarks; false (nothing launched) where W has no such kernel. Workspace:
 // matmul_workspace_bytes / matmul_swiglu_workspace_bytes.

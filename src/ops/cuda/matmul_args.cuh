@@ -145,7 +145,7 @@ bool mma_swiglu(const MatArg& g, const MatArg& u, float* y, int64_t n, const Act
 
 // ---- moe_mmq.cu: dense matrices of many rows on the MoE's int8 GEMM (activations quantised by
 // the caller, with their block sums) ----
-// Whether n rows take it (QWENRT_CUDA_DENSE_MMQ="lo,hi", default 33..256; "0": never).
+// Whether n rows take it (QWENRT_CUDA_DENSE_MMQ="lo,hi", default 33..64; "0": never).
 bool mmq_dense_rows(int64_t n);
 // Whether W has a kernel (Q4_K, Q5_K, Q6_K, Q8_0 in superblocks; in a multiple of 256; aligned).
 bool mmq_dense_kind(const Matrix& w);

@@ -344,10 +344,14 @@ void mmq_experts(const Matrix& gate, const Matrix& up, const Matrix& down, const
 namespace mm {
 namespace {
 
-// QWENRT_CUDA_DENSE_MMQ="lo,hi": the dense matmuls of lo..hi rows run here ("0": never).
+// QWENRT_CUDA_DENSE_MMQ="lo,hi": the dense matmuls of lo..hi rows run here ("0": never). Default
+// 33..64, from aggregate decode on an H100 (27B Q4_K_M, 16 steps of 64 / 128 sequences): 1,107 /
+// 1,357 tok/s here against 996 / 1,644 with the bf16 cuBLAS GEMM; 35B-A3B at 64 sequences 2,574
+// against 2,621 (bench/results/h100-batched-decode-2026-12-06.md). Up to 32 rows the tensor-core
+// GEMV is faster still.
 std::pair<int64_t, int64_t> dense_range() {
   const char* v = std::getenv("QWENRT_CUDA_DENSE_MMQ");
-  if (v == nullptr || *v == '\0') return {33, 256};
+  if (v == nullptr || *v == '\0') return {33, 64};
   long long lo = 0, hi = 0;
   if (std::sscanf(v, "%lld,%lld", &lo, &hi) != 2 || lo < 1 || hi < lo) return {1, 0};
   return {lo, hi};
