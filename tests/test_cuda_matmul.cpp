@@ -482,6 +482,52 @@ TEST(CudaMatmulLaunchers, DenseInt8GemmMatchesReference) {
       }
     }
   }
+  // Through the launchers: a group's wide matrix takes the int8 GEMM (bit for bit the direct
+  // call), its narrow one (fewer blocks than SMs) and its float one the cuBLAS GEMM; a wide SwiGLU
+  // pair the int8 GEMM too. 8,448 = 132 x 64 rows: at least one block an SM on any GPU of up to
+  // 528 SMs at 64 rows.
+  {
+    const int64_t n = 64, in2 = 256, wide = 8448, narrow = 48, ff = 4224;
+    const HostWeight hw = make_weight(DType::Q4_K, in2, wide, 1, rng);
+    const HostWeight hn = make_weight(DType::Q8_0, in2, narrow, 1, rng);
+    const HostWeight hf = make_weight(DType::F32, in2, 7, 1, rng);
+    const PlacedWeight pw = place_weight(hw, false), pn = place_weight(hn, true);
+    const PlacedWeight pf = place_weight(hf, false);
+    const std::vector<float> x = random_floats(n * in2, rng);
+    auto dx = to_device(x.data(), n * in2 * 4);
+    auto yw = poisoned(n * wide), yn = poisoned(n * narrow), yf = poisoned(n * 7);
+    auto direct = poisoned(n * wide);
+    const Projection p[3] = {{.w = pw.m, .y = yw->f()}, {.w = pn.m, .y = yn->f()},
+                             {.w = pf.m, .y = yf->f()}};
+    DeviceBuffer ws(matmul_group_workspace_bytes(p, 3, n));
+    matmul_group(p, 3, dx->f(), n, ws.ptr, nullptr);
+    const std::vector<float> got_wide = to_host(*yw, n * wide);
+    ASSERT_TRUE(matmul_mmq(pw.m, dx->f(), direct->f(), n, ws.ptr, 0, nullptr));
+    EXPECT_EQ(0, std::memcmp(got_wide.data(), to_host(*direct, n * wide).data(), n * wide * 4))
+        << "the group's wide matrix did not take the int8 GEMM";
+    const HostWeight* hws[3] = {&hw, &hn, &hf};
+    const int64_t outs[3] = {wide, narrow, 7};
+    const std::vector<float> gots[3] = {got_wide, to_host(*yn, n * narrow), to_host(*yf, n * 7)};
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> want(n * outs[i]);
+      ref::matmul(Weight{"w", hws[i]->view}, x.data(), want.data(), n);
+      EXPECT_LT(rel_l2(gots[i], want), i == 2 ? 1e-5 : 1e-2) << "group projection " << i;
+    }
+    const HostWeight hg = make_weight(DType::Q4_K, in2, ff, 1, rng);
+    const HostWeight hu = make_weight(DType::Q4_K, in2, ff, 1, rng);
+    const PlacedWeight pg = place_weight(hg, false), pu = place_weight(hu, false);
+    std::vector<float> g(n * ff), u(n * ff);
+    ref::matmul(Weight{"g", hg.view}, x.data(), g.data(), n);
+    ref::matmul(Weight{"u", hu.view}, x.data(), u.data(), n);
+    DeviceBuffer sws(matmul_swiglu_workspace_bytes(pg.m, n));
+    auto sy = poisoned(n * ff), sdirect = poisoned(n * ff);
+    matmul_swiglu(pg.m, pu.m, dx->f(), sy->f(), n, sws.ptr, nullptr);
+    const std::vector<float> got = to_host(*sy, n * ff);
+    ASSERT_TRUE(matmul_swiglu_mmq(pg.m, pu.m, dx->f(), sdirect->f(), n, sws.ptr, 0, nullptr));
+    EXPECT_EQ(0, std::memcmp(got.data(), to_host(*sdirect, n * ff).data(), n * ff * 4))
+        << "the wide SwiGLU pair did not take the int8 GEMM";
+    EXPECT_LT(rel_l2(got, silu_mul_ref(g, u)), 2.5e-2);
+  }
   // Refused: IQ4_XS, Q8_0 not in superblocks, a SwiGLU pair of two types, an ff not a multiple
   // of 64 (the output must stay untouched: poisoned).
   const int64_t n = 40;

@@ -476,11 +476,13 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
   if (n <= 0) return;
   if (n_p < 1 || n_p > kMaxJobs) cuda_fail("matmul_group: {} projections (1..{})", n_p, kMaxJobs);
   const int64_t in = p[0].w.in;
-  if (mmq_dense_rows(n) && std::any_of(p, p + n_p, [](const Projection& q) {
-        return mmq_dense_kind(q.w);
-      })) {
-    // The int8 GEMM for the matrices it takes; the rest (float ones) as a group of their own
-    // after it (the stream orders their use of the workspace after its reads).
+  const auto mmq_takes = [n](const Matrix& w) {
+    return mmq_dense_kind(w) && mmq_dense_wide(n, w.out, false);
+  };
+  if (mmq_dense_rows(n) &&
+      std::any_of(p, p + n_p, [&](const Projection& q) { return mmq_takes(q.w); })) {
+    // The int8 GEMM for the matrices it takes; the rest (float or narrow ones) as a group of
+    // their own after it (the stream orders their use of the workspace after its reads).
     Projection rest[kMaxJobs];
     int n_rest = 0;
     const Acts a = prepare_acts(x, n, in, true, workspace, stream);
@@ -488,7 +490,7 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
       if (p[i].w.in != in)
         cuda_fail("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in,
                   in);
-      if (mmq_dense_kind(p[i].w)) {
+      if (mmq_takes(p[i].w)) {
         mmq_dense(mat_arg(p[i].w, x, "matmul"), a, n, p[i].y, p[i].w.out, stream);
       } else {
         rest[n_rest++] = p[i];
@@ -646,7 +648,7 @@ void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* 
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
   const int rpb = kThreads / ts;
   const int64_t row_blocks = (gate.out + rpb - 1) / rpb;
-  if (mmq_dense_rows(n) && mmq_dense_swiglu_kind(gate, up)) {
+  if (mmq_dense_rows(n) && mmq_dense_swiglu_kind(gate, up) && mmq_dense_wide(n, gate.out, true)) {
     const Acts a = prepare_acts(x, n, gate.in, true, workspace, stream);
     mmq_dense_swiglu(g, u, a, n, y, stream);
     return;

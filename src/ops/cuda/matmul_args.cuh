@@ -151,6 +151,11 @@ bool mmq_dense_rows(int64_t n);
 bool mmq_dense_kind(const Matrix& w);
 // The same for a SwiGLU pair (one type; out a multiple of 64).
 bool mmq_dense_swiglu_kind(const Matrix& gate, const Matrix& up);
+// Whether n rows of a matrix of `out` rows make a launch of at least one block an SM at tiles of
+// 16 rows. Its blocks walk a whole row's superblocks in order, about 2 us each on an H100, so a
+// narrower launch pays that walk for little work: the 27B's 48-row beta and alpha projections
+// at 64 rows took 39 us each (ncu), and go to cuBLAS instead.
+bool mmq_dense_wide(int64_t n, int64_t out, bool swiglu);
 // y [n, ldy] (columns 0..w.out) = x @ W^T; tiles of tile_rows rows (16, 32 or 64; 0: the rule
 // that keeps two blocks an SM).
 void mmq_dense(const MatArg& w, const Acts& a, int64_t n, float* y, int64_t ldy,

@@ -395,6 +395,13 @@ bool mmq_dense_rows(int64_t n) {
   return n >= range.first && n <= range.second;
 }
 
+bool mmq_dense_wide(int64_t n, int64_t out, bool swiglu) {
+  const int w = mmq_warps();
+  const int64_t per = swiglu ? (w == 8 ? swiglu_cols<8>() : swiglu_cols<4>())
+                             : (w == 8 ? down_rows<8>() : down_rows<4>());
+  return (n + 15) / 16 * ((out + per - 1) / per) >= int64_t{sm_count()};
+}
+
 bool mmq_dense_kind(const Matrix& w) {
   return w.n_expert == 1 && type_fits(w);
 }
