@@ -147,6 +147,56 @@ TEST(DraftCostModel, CountsTheOtherRowsOfTheStep) {
   EXPECT_EQ(m.depth(3, 1.0, 0), 0);
 }
 
+// The measurements persist between processes: saved and restored under a key, they decide as they
+// did; text of another key or that does not parse changes nothing.
+TEST(DraftCostModel, SavedCostsRestoreUnderTheirKeyOnly) {
+  DraftCostModel m;
+  for (int r = 1; r <= 8; ++r) measure(m, r, 1.0 + 0.1 * (r - 1));
+  m.record_drafting(4, 0.2);
+  const std::string text = m.save("model=a backend=cpu");
+  DraftCostModel restored;
+  std::string why;
+  ASSERT_TRUE(restored.restore(text, "model=a backend=cpu", &why)) << why;
+  for (int r = 1; r <= 8; ++r) EXPECT_NEAR(restored.cost(r), m.cost(r), 1e-12) << r;
+  EXPECT_EQ(restored.depth(7, 0.8, 0), 5) << "the drafter's cost came back too";
+  EXPECT_EQ(restored.depth(7, 0.8, 0, false), 5) << "decided without exploring";
+
+  // This process's first steps of a row count are warm-up steps even when it was restored.
+  for (int i = 0; i < DraftCostModel::kWarmupSteps; ++i) restored.record_step(1, 100.0);
+  EXPECT_NEAR(restored.cost(1), 1.0, 1e-12);
+  restored.record_step(1, 2.0);  // then it averages in: 0.8 * 1.0 + 0.2 * 2.0
+  EXPECT_NEAR(restored.cost(1), 1.2, 1e-12);
+
+  DraftCostModel other;
+  EXPECT_FALSE(other.restore(text, "model=b backend=cpu", &why));
+  EXPECT_NE(why.find("another setup"), std::string::npos) << why;
+  EXPECT_FALSE(other.any_measured());
+  const std::string bad[] = {
+      "",
+      "not a step-costs file\n",
+      "qwenrt step costs 1\nkey model=a backend=cpu\nrows 1 0.5 3\n",  // no drafter line
+      "qwenrt step costs 1\nkey model=a backend=cpu\ndraft 0 0\nrows 0 0.5 3\n",
+      "qwenrt step costs 1\nkey model=a backend=cpu\ndraft 0 0\nrows 65 0.5 3\n",
+      "qwenrt step costs 1\nkey model=a backend=cpu\ndraft 0 0\nrows 2 nan 3\n",
+      "qwenrt step costs 1\nkey model=a backend=cpu\ndraft 0 0\nrows 2 -1 3\n",
+      "qwenrt step costs 1\nkey model=a backend=cpu\ndraft 0 0\nrows 2 0.5 0\n",
+      "qwenrt step costs 1\nkey model=a backend=cpu\ndraft 0 0\nrows 2 0.5 3\nrows 2 0.5 3\n",
+      "qwenrt step costs 1\nkey model=a backend=cpu\ndraft 0 0\nrows 2 0.5 3 9\n",
+      "qwenrt step costs 1\nkey model=a backend=cpu\ndraft -1 0\n",
+      "qwenrt step costs 1\nkey model=a backend=cpu\ndraft 0 0\nsteps 2 0.5 3\n",
+  };
+  for (const std::string& t : bad) {
+    DraftCostModel c = m;
+    EXPECT_FALSE(c.restore(t, "model=a backend=cpu")) << t;
+    EXPECT_NEAR(c.cost(3), m.cost(3), 1e-12) << "a failed restore changed the model: " << t;
+  }
+  const std::string good = "qwenrt step costs 1\nkey k\ndraft 0 0\nrows 2 0.5 3\n";
+  DraftCostModel g;
+  ASSERT_TRUE(g.restore(good, "k", &why)) << why;
+  EXPECT_DOUBLE_EQ(g.cost(2), 0.5);
+  EXPECT_LT(g.cost(1), 0);
+}
+
 using Outcome = testing_support::DraftOutcome;
 using testing_support::expect_same;
 inline Sink collect(Outcome& o) {

@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -399,6 +401,55 @@ TEST_P(DraftMtpTest, UnderTheCostModelTheMtpBlockRunsOnlyOnceADraftIsChosen) {
   expect_same(exact(), plain, explored, "cost model, exploring");
   EXPECT_GT(explored[0].last.n_checks, 0);
   EXPECT_GT(most_mtp, 0);
+}
+
+// Step costs persist between schedulers (processes) through DraftOptions::costs_file: restored
+// costs that say drafting pays make a reply draft without exploring (explore_after out of reach);
+// a file of another key, or not a costs file at all, is ignored and replaced by the run's own
+// measurements under its key. The output is the plain one every time.
+TEST_P(DraftMtpTest, StepCostsPersistBetweenSchedulers) {
+  MatmulIsaCap cap;
+  const auto seqs = prompts(ref() ? 24 : 60, 0.0f);
+  const std::vector one(seqs.begin(), seqs.begin() + 1);
+  const auto plain = run(one, {});
+  const std::string file = testing_support::temp_path(std::string("step-costs-") + GetParam().backend + "-" +
+                                     std::to_string(engine_->config().n_layer) + ".txt");
+  const auto write = [&](const std::string& text) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+  };
+  const auto read = [&] {
+    std::ifstream in(file, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  // A bandwidth-bound engine: steps of 1..8 rows cost the same.
+  DraftCostModel bandwidth_bound;
+  for (int r = 1; r <= 8; ++r) {
+    for (int i = 0; i <= DraftCostModel::kWarmupSteps; ++i) bandwidth_bound.record_step(r, 1e-3);
+  }
+  write(bandwidth_bound.save("setup a"));
+  DraftOptions o{.kind = DraftKind::kMtp, .max_tokens = 3};
+  o.explore_after = 1 << 20;
+  o.costs_file = file;
+  o.costs_key = "setup a";
+  const auto restored = run(one, o);
+  expect_same(exact(), plain, restored, "restored step costs");
+  EXPECT_GT(restored[0].last.n_checks, 0) << "the restored costs did not make it draft";
+  std::string why;
+  DraftCostModel saved;
+  EXPECT_TRUE(saved.restore(read(), "setup a", &why)) << why;
+
+  for (const std::string& text : {bandwidth_bound.save("setup a"), std::string("garbage\n")}) {
+    write(text);
+    o.costs_key = "setup b";
+    const auto other = run(one, o);
+    expect_same(exact(), plain, other, "step costs of another setup");
+    EXPECT_EQ(other[0].last.n_checks, 0) << "costs of another setup were used";
+    DraftCostModel replaced;
+    EXPECT_TRUE(replaced.restore(read(), "setup b", &why)) << why;
+    EXPECT_GT(replaced.cost(1), 0) << "the run's own plain steps were not saved";
+  }
 }
 
 TEST_P(DraftMtpTest, MixedWithSequencesThatDoNotDraftAndWithLimits) {

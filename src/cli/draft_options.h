@@ -6,7 +6,12 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <sys/stat.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "core/error.h"
@@ -54,6 +59,44 @@ inline int draft_depth(const DraftCliOptions& opt, const std::string& model_path
   return depth > 0 ? depth : gen::kMtpDraftDepth;
 }
 
+// Where the draft cost model keeps its step costs between processes (gen::DraftOptions::
+// costs_file): the folder QWENRT_STEP_COSTS names ("0": nowhere, every process measures afresh),
+// else XDG_CACHE_HOME/qwenrt/step-costs, else HOME/.cache/qwenrt/step-costs; empty: nowhere.
+inline std::string step_costs_dir() {
+  if (const char* v = std::getenv("QWENRT_STEP_COSTS"); v != nullptr && *v != '\0')
+    return std::string(v) == "0" ? std::string() : std::string(v);
+  if (const char* v = std::getenv("XDG_CACHE_HOME"); v != nullptr && *v != '\0')
+    return std::string(v) + "/qwenrt/step-costs";
+  if (const char* v = std::getenv("HOME"); v != nullptr && *v != '\0')
+    return std::string(v) + "/.cache/qwenrt/step-costs";
+  return {};
+}
+
+// What step costs were measured on: the model file (its path, size and modification time), the
+// backend setup that runs it, and the drafter (its kind, depth and vocabulary).
+inline std::string step_costs_key(const std::string& model_path, const engine::EngineOptions& eo,
+                                  const gen::DraftOptions& d) {
+  std::error_code ec;
+  const std::filesystem::path canonical = std::filesystem::weakly_canonical(model_path, ec);
+  struct stat st {};
+  const bool ok = ::stat(model_path.c_str(), &st) == 0;
+  return fmt::format(
+      "model={} size={} mtime={} backend={} threads={} tp={} pp={} ep={} draft={} depth={} "
+      "vocab={}",
+      ec ? model_path : canonical.string(), ok ? static_cast<int64_t>(st.st_size) : -1,
+      ok ? static_cast<int64_t>(st.st_mtime) : -1, eo.backend, eo.n_threads, eo.tensor_parallel,
+      eo.pipeline_parallel, eo.expert_parallel ? 1 : 0, gen::draft_kind_name(d.kind),
+      d.max_tokens, eo.draft_vocab);
+}
+
+// The file of `key` in `dir`: its 64-bit FNV-1a hash in hex (the key itself is the file's second
+// line, checked on reading).
+inline std::string step_costs_file(const std::string& dir, const std::string& key) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  return fmt::format("{}/{:016x}.txt", dir, h);
+}
+
 inline void apply(const DraftCliOptions& opt, const std::string& model_path,
                   engine::EngineOptions& eo, gen::SchedulerOptions& so) {
   so.draft.kind = opt.off || opt.kind == "none" ? gen::DraftKind::kNone
@@ -66,6 +109,10 @@ inline void apply(const DraftCliOptions& opt, const std::string& model_path,
   so.draft.max_tokens = draft_depth(opt, model_path);
   eo.verify_rows = so.draft.max_tokens + 1;
   eo.draft_vocab = opt.vocab >= 0 ? opt.vocab : gen::kMtpDraftVocab;
+  if (const std::string dir = step_costs_dir(); !dir.empty()) {
+    so.draft.costs_key = step_costs_key(model_path, eo, so.draft);
+    so.draft.costs_file = step_costs_file(dir, so.draft.costs_key);
+  }
 }
 
 }  // namespace qwenrt::cli

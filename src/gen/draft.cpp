@@ -1,6 +1,10 @@
 #include "gen/draft.h"
 
 #include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include <fmt/format.h>
 
 namespace qwenrt::gen {
 
@@ -72,14 +76,79 @@ double average(double avg, int n, double x) {
 }  // namespace
 
 bool DraftCostModel::measured(int64_t rows) const {
-  return rows >= 1 && rows <= kMaxRows && by_rows_[rows].steps > kWarmupSteps;
+  return rows >= 1 && rows <= kMaxRows && by_rows_[rows].samples > 0;
+}
+
+bool DraftCostModel::any_measured() const {
+  for (int64_t r = 1; r <= kMaxRows; ++r)
+    if (measured(r)) return true;
+  return draft_samples_ > 0;
 }
 
 void DraftCostModel::record_step(int64_t rows, double seconds) {
   if (rows < 1 || rows > kMaxRows || !(seconds >= 0)) return;
   Cost& c = by_rows_[rows];
-  if (c.steps >= kWarmupSteps) c.seconds = average(c.seconds, c.steps - kWarmupSteps, seconds);
-  ++c.steps;
+  if (c.seen++ < kWarmupSteps) return;
+  c.seconds = average(c.seconds, c.samples++, seconds);
+}
+
+namespace {
+constexpr std::string_view kCostsHeader = "qwenrt step costs 1";
+}  // namespace
+
+std::string DraftCostModel::save(const std::string& key) const {
+  std::string out = fmt::format("{}\nkey {}\ndraft {:.9g} {}\n", kCostsHeader, key,
+                                draft_seconds_, draft_samples_);
+  for (int64_t r = 1; r <= kMaxRows; ++r) {
+    if (measured(r))
+      out += fmt::format("rows {} {:.9g} {}\n", r, by_rows_[r].seconds, by_rows_[r].samples);
+  }
+  return out;
+}
+
+bool DraftCostModel::restore(std::string_view text, const std::string& key, std::string* why) {
+  auto fail = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return false;
+  };
+  std::istringstream in{std::string(text)};
+  std::string line;
+  if (!std::getline(in, line) || line != kCostsHeader) return fail("not a step-costs file");
+  if (!std::getline(in, line) || line != "key " + key) return fail("measured on another setup");
+  DraftCostModel m;
+  bool draft_seen = false;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::istringstream ls(line);
+    std::string word;
+    ls >> word;
+    if (word == "draft" && !draft_seen) {
+      double seconds = -1;
+      int samples = -1;
+      if (!(ls >> seconds >> samples) || !std::isfinite(seconds) || seconds < 0 || samples < 0)
+        return fail(fmt::format("a bad line: {}", line));
+      m.draft_seconds_ = seconds;
+      m.draft_samples_ = samples;
+      draft_seen = true;
+    } else if (word == "rows") {
+      int64_t rows = 0;
+      double seconds = -1;
+      int samples = 0;
+      if (!(ls >> rows >> seconds >> samples) || rows < 1 || rows > kMaxRows ||
+          !std::isfinite(seconds) || seconds <= 0 || samples < 1 || m.measured(rows))
+        return fail(fmt::format("a bad line: {}", line));
+      m.by_rows_[rows].seconds = seconds;
+      m.by_rows_[rows].samples = samples;
+    } else {
+      return fail(fmt::format("a bad line: {}", line));
+    }
+    std::string rest;
+    if (ls >> rest) return fail(fmt::format("a bad line: {}", line));
+  }
+  if (!draft_seen) return fail("no drafter line");
+  for (int64_t r = 1; r <= kMaxRows; ++r) m.by_rows_[r].seen = by_rows_[r].seen;
+  *this = m;
+  return true;
 }
 
 void DraftCostModel::record_drafting(int64_t drafts, double seconds) {

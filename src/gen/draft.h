@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace qwenrt::gen {
@@ -39,6 +40,13 @@ struct DraftOptions {
   // The cost model explores a new depth (one draft, to measure its step) only in replies this
   // many tokens long, so that short replies never pay for a new shape's first steps.
   int explore_after = 32;
+  // Where the cost model's measurements persist between processes (empty: nowhere), and what
+  // they were measured on (model file, backend, threads, drafter: cli/draft_options.h
+  // step_costs_key): read when the scheduler starts, so that a new process drafts from its first
+  // decision without exploring, and written when it ends. A file of another key, or one that does
+  // not parse, is ignored (a warning) and replaced.
+  std::string costs_file;
+  std::string costs_key;
 };
 
 // Prompt lookup: up to `max` tokens that followed the most recent earlier occurrence of the last
@@ -103,6 +111,15 @@ class DraftCostModel {
   // A step of `rows` rows, in seconds (measured or estimated); negative when no estimate exists.
   double cost(int64_t rows) const;
 
+  // The measurements as text under `key` (a header line, the key, the drafter's cost a token, one
+  // line a measured row count), and back: restore changes nothing and returns false for text of
+  // another key or that does not parse (an error naming why in *why). Restored row counts are
+  // measured; a process's own first kWarmupSteps steps of a row count are still left out.
+  std::string save(const std::string& key) const;
+  bool restore(std::string_view text, const std::string& key, std::string* why = nullptr);
+  // Whether anything was measured (this process or restored).
+  bool any_measured() const;
+
   static constexpr int kWarmupSteps = 2;
   static constexpr int64_t kMaxRows = 64;  // steps with more rows are not modelled
   static constexpr double kMargin = 0.03;
@@ -110,7 +127,8 @@ class DraftCostModel {
  private:
   struct Cost {
     double seconds = 0;
-    int steps = 0;  // counted, warm-up steps included
+    int samples = 0;  // steps averaged in (this process's and restored ones)
+    int seen = 0;     // this process's steps, its warm-up ones included
   };
   bool measured(int64_t rows) const;
   Cost by_rows_[kMaxRows + 1];

@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
 #include <utility>
 
 #include "core/log.h"
@@ -62,10 +67,52 @@ Scheduler::Impl::Impl(engine::Engine& engine_, const tokenizer::Tokenizer& token
       fail("MTP drafting needs the model's MTP block (nextn layers); {} has none",
            engine.file().path());
     }
+    load_costs();
+  }
+}
+
+void Scheduler::Impl::load_costs() {
+  const std::string& path = options.draft.costs_file;
+  if (path.empty() || !options.draft.pause_when_slower) return;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return;  // nothing measured yet
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string why;
+  if (draft_cost.restore(text.str(), options.draft.costs_key, &why)) {
+    log(LogLevel::kInfo, "draft: step costs from {}", path);
+  } else {
+    log(LogLevel::kWarn, "draft: {} ignored ({}); it will be replaced", path, why);
+  }
+}
+
+void Scheduler::Impl::save_costs() const {
+  const std::string& path = options.draft.costs_file;
+  if (path.empty() || !options.draft.pause_when_slower || !draft_cost.any_measured()) return;
+  // Written beside the file and renamed over it: a reader never sees half a file.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path target(path);
+  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << draft_cost.save(options.draft.costs_key);
+    if (!out.flush()) {
+      log(LogLevel::kWarn, "draft: could not write the step costs to {}", tmp);
+      std::remove(tmp.c_str());
+      return;
+    }
+  }
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    log(LogLevel::kWarn, "draft: could not write the step costs to {}: {}", path, ec.message());
+    std::remove(tmp.c_str());
   }
 }
 
 Scheduler::Impl::~Impl() {
+  save_costs();
   // Sequences still here get no done update (their sinks may be gone); their slots are emptied.
   for (auto& s : slots) {
     if (s) engine.states().reset(s->slot);

@@ -108,6 +108,10 @@ struct Entry {
 struct Scheduler::Impl {
   Impl(engine::Engine& engine_, const tokenizer::Tokenizer& tokenizer_, SchedulerOptions options_);
   ~Impl();
+  // The cost model's measurements from / to options.draft.costs_file (a warning, never an error:
+  // they only save exploring).
+  void load_costs();
+  void save_costs() const;
 
   std::unique_ptr<Sequence> make_sequence(SequenceParams params, Sink sink);
   // Admits, cancels, runs one engine step and finishes what ended; fills `out` with the updates
