@@ -1,8 +1,8 @@
 // The CUDA matmul kernels (ops/cuda/matmul.cu) against ops::ref: every type with a kernel, the
 // GEMV (n <= 8), tensor-core GEMV (3..32), dense int8 GEMM (33..64) and chunked / GEMM (n > 8)
-// paths, odd shapes, fresh random inputs, NaN-poisoned outputs. matmul and embed go through the public backend
-// (make_cuda_ops); matmul_group, matmul_swiglu and the expert launchers are not reachable through
-// Ops, so they are called directly on device buffers this file allocates.
+// paths, odd shapes, fresh random inputs, NaN-poisoned outputs. matmul and embed go through the
+// public backend (make_cuda_ops); matmul_group, matmul_swiglu and the expert launchers are not
+// reachable through Ops, so they are called directly on device buffers this file allocates.
 //
 // Tolerances (relative L2 error ||got - want|| / ||want||): int8-activation paths < 2.5e-2 per
 // shape (1e-1 below 16 outputs) and < 1e-2 pooled over a type's shapes (activation rounding gives
@@ -434,8 +434,9 @@ TEST(CudaMatmulLaunchers, PrefillGemmMatchesReference) {
 }
 
 // The dense int8 GEMM (moe_mmq.cu's kernels over the rows in order: batched decode from 33 rows)
-// (called directly, so for any n) with every tile size, against the reference: rows that leave a partial tile, outs that leave a
-// partial block, SwiGLU pairs; types without the kernel are refused, launching nothing.
+// (called directly, so for any n) with every tile size, against the reference: rows that leave a
+// partial tile, outs that leave a partial block, SwiGLU pairs; types without the kernel are
+// refused, launching nothing.
 TEST(CudaMatmulLaunchers, DenseInt8GemmMatchesReference) {
   if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(41);
@@ -497,8 +498,8 @@ TEST(CudaMatmulLaunchers, DenseInt8GemmMatchesReference) {
     auto dx = to_device(x.data(), n * in2 * 4);
     auto yw = poisoned(n * wide), yn = poisoned(n * narrow), yf = poisoned(n * 7);
     auto direct = poisoned(n * wide);
-    const Projection p[3] = {{.w = pw.m, .y = yw->f()}, {.w = pn.m, .y = yn->f()},
-                             {.w = pf.m, .y = yf->f()}};
+    const Projection p[3] = {
+        {.w = pw.m, .y = yw->f()}, {.w = pn.m, .y = yn->f()}, {.w = pf.m, .y = yf->f()}};
     DeviceBuffer ws(matmul_group_workspace_bytes(p, 3, n));
     matmul_group(p, 3, dx->f(), n, ws.ptr, nullptr);
     const std::vector<float> got_wide = to_host(*yw, n * wide);

@@ -412,8 +412,9 @@ TEST_P(DraftMtpTest, StepCostsPersistBetweenSchedulers) {
   const auto seqs = prompts(ref() ? 24 : 60, 0.0f);
   const std::vector one(seqs.begin(), seqs.begin() + 1);
   const auto plain = run(one, {});
-  const std::string file = testing_support::temp_path(std::string("step-costs-") + GetParam().backend + "-" +
-                                     std::to_string(engine_->config().n_layer) + ".txt");
+  const std::string file =
+      testing_support::temp_path(std::string("step-costs-") + GetParam().backend + "-" +
+                                 std::to_string(engine_->config().n_layer) + ".txt");
   const auto write = [&](const std::string& text) {
     std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
   };

@@ -5,9 +5,9 @@
 // first gen::kMtpDraftVocab ids.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdint>
 #include <cstdlib>
@@ -85,8 +85,8 @@ inline std::string step_costs_key(const std::string& model_path, const engine::E
       "vocab={}",
       ec ? model_path : canonical.string(), ok ? static_cast<int64_t>(st.st_size) : -1,
       ok ? static_cast<int64_t>(st.st_mtime) : -1, eo.backend, eo.n_threads, eo.tensor_parallel,
-      eo.pipeline_parallel, eo.expert_parallel ? 1 : 0, gen::draft_kind_name(d.kind),
-      d.max_tokens, eo.draft_vocab);
+      eo.pipeline_parallel, eo.expert_parallel ? 1 : 0, gen::draft_kind_name(d.kind), d.max_tokens,
+      eo.draft_vocab);
 }
 
 // The file of `key` in `dir`: its 64-bit FNV-1a hash in hex (the key itself is the file's second

@@ -97,8 +97,8 @@ constexpr std::string_view kCostsHeader = "qwenrt step costs 1";
 }  // namespace
 
 std::string DraftCostModel::save(const std::string& key) const {
-  std::string out = fmt::format("{}\nkey {}\ndraft {:.9g} {}\n", kCostsHeader, key,
-                                draft_seconds_, draft_samples_);
+  std::string out = fmt::format("{}\nkey {}\ndraft {:.9g} {}\n", kCostsHeader, key, draft_seconds_,
+                                draft_samples_);
   for (int64_t r = 1; r <= kMaxRows; ++r) {
     if (measured(r))
       out += fmt::format("rows {} {:.9g} {}\n", r, by_rows_[r].seconds, by_rows_[r].samples);

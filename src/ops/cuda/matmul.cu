@@ -488,8 +488,7 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
     const Acts a = prepare_acts(x, n, in, true, workspace, stream);
     for (int i = 0; i < n_p; ++i) {
       if (p[i].w.in != in)
-        cuda_fail("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in,
-                  in);
+        cuda_fail("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in, in);
       if (mmq_takes(p[i].w)) {
         mmq_dense(mat_arg(p[i].w, x, "matmul"), a, n, p[i].y, p[i].w.out, stream);
       } else {
@@ -692,8 +691,8 @@ bool matmul_swiglu_mmq(const Matrix& gate, const Matrix& up, const float* x, flo
                        void* workspace, int tile_rows, cudaStream_t stream) {
   if (!mmq_dense_swiglu_kind(gate, up)) return false;
   const Acts a = prepare_acts(x, n, gate.in, true, workspace, stream);
-  mmq_dense_swiglu(mat_arg(gate, x, "matmul_swiglu_mmq gate"), mat_arg(up, x, "matmul_swiglu_mmq up"),
-                   a, n, y, stream, tile_rows);
+  mmq_dense_swiglu(mat_arg(gate, x, "matmul_swiglu_mmq gate"),
+                   mat_arg(up, x, "matmul_swiglu_mmq up"), a, n, y, stream, tile_rows);
   return true;
 }
 
