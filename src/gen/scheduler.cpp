@@ -10,6 +10,8 @@
 #include <system_error>
 #include <utility>
 
+#include <unistd.h>
+
 #include "core/log.h"
 #include "gen/defaults.h"
 #include "gen/scheduler_impl.h"
@@ -89,12 +91,13 @@ void Scheduler::Impl::load_costs() {
 void Scheduler::Impl::save_costs() const {
   const std::string& path = options.draft.costs_file;
   if (path.empty() || !options.draft.pause_when_slower || !draft_cost.any_measured()) return;
-  // Written beside the file and renamed over it: a reader never sees half a file.
+  // Written beside the file (a name of this process's own: two processes ending at once write
+  // two files) and renamed over it: a reader never sees half a file; the last writer wins.
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = fmt::format("{}.{}.tmp", path, static_cast<long>(::getpid()));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << draft_cost.save(options.draft.costs_key);
