@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/deltanet_chunked.cuh"
 #include "ops/cuda/kernels.h"
@@ -30,10 +31,6 @@
 
 namespace qwenrt::ops::cuda {
 namespace {
-
-__device__ __forceinline__ float silu(float x) {
-  return x / (1.0f + expf(-x));
-}
 
 using chunked::output_gate;  // the gated norm's silu(z), or sigmoid(z) for qwen4exp
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/pdl.cuh"
@@ -19,13 +20,6 @@ constexpr int kThreads = 256;         // block size of the elementwise kernels
 constexpr int kMaxGridY = 65535;      // the hardware limit of gridDim.y
 constexpr int kWarpRowsMaxDim = 256;  // rmsnorm rows up to this long take one warp each
 constexpr int kWarpRowValues = kWarpRowsMaxDim / 32;  // values a lane keeps for such a row
-
-__device__ __forceinline__ float silu(float x) {
-  return x / (1.0f + expf(-x));
-}
-__device__ __forceinline__ float sigmoid(float x) {
-  return 1.0f / (1.0f + expf(-x));
-}
 
 unsigned blocks_for(int64_t n, int per_block) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/quant_blocks.cuh"
 
@@ -71,9 +72,7 @@ struct Group {
   int64_t n_chunks;  // passes of NR activation rows; block b is chunk b % n_chunks
 };
 
-__device__ __forceinline__ float silu(float x) {
-  return x / (1.0f + expf(-x));
-}
+using ::qwenrt::ops::cuda::silu;  // (activation.cuh)
 
 // One block of 32 activations, lane l holding value v (act_quant.cu's form): d = max|x| / 127,
 // q = round(x / d), s = d * sum(q); a NaN anywhere in the block makes d NaN. Lane l writes q[l],

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/pdl.cuh"
@@ -123,10 +124,6 @@ __device__ __forceinline__ float dot4_warp(const float4* a, const float4* b, int
     acc += u.x * v.x + u.y * v.y + u.z * v.z + u.w * v.w;
   }
   return warp_sum(acc);
-}
-
-__device__ __forceinline__ float sigmoidf(float x) {
-  return 1.0f / (1.0f + expf(-x));
 }
 
 // Routes one row of logits l [n_expert] in one warp (every lane calls it) with everything in
@@ -247,7 +244,7 @@ __global__ void __launch_bounds__(kRouteThreads)
       for (int64_t i = threadIdx.x % 32; i < dim; i += 32) acc += xr[i] * gate_inp[i];
       g = warp_sum(acc);
     }
-    if (threadIdx.x % 32 == 0) shared_scale[row] = sigmoidf(g);
+    if (threadIdx.x % 32 == 0) shared_scale[row] = sigmoid(g);
   }
   if (warp != 0) return;
   route_row_warp<kPerLane>(logits + row * n_expert, n_expert, k, ids + row * k, weights + row * k,
@@ -321,7 +318,7 @@ __global__ void __launch_bounds__(kRouteThreads)
       if (e < n_expert) {
         logits[row * n_expert + e] = acc;
       } else {
-        shared_scale[row] = sigmoidf(acc);
+        shared_scale[row] = sigmoid(acc);
       }
     }
   }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/pdl.cuh"
@@ -21,10 +22,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxGridY = 65535;
-
-__device__ __forceinline__ float sigmoid(float x) {
-  return 1.0f / (1.0f + expf(-x));
-}
 
 unsigned blocks_for(int64_t n, int per_block) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);
