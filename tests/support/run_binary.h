@@ -20,11 +20,16 @@ struct Output {
   std::string err;
 };
 
-// `env` is prepended to the command line as shell assignments ("A=1 B=2 ").
+// `env` is prepended to the command line as shell assignments ("A=1 B=2 "). The drafting cost
+// model's step costs are not persisted (QWENRT_STEP_COSTS=0) unless `env` names a folder: a test
+// neither reads what earlier runs on the machine measured nor writes into the user's cache.
 inline Output run_qwenrt_env(const std::string& env, const std::string& args) {
   static int calls = 0;
   const std::string err_path = temp_path("stderr." + std::to_string(calls++) + ".txt");
-  const std::string cmd = env + " " + std::string(QWENRT_BINARY) + " " + args + " 2>" + err_path;
+  const std::string hermetic =
+      env.find("QWENRT_STEP_COSTS=") == std::string::npos ? "QWENRT_STEP_COSTS=0 " : "";
+  const std::string cmd =
+      hermetic + env + " " + std::string(QWENRT_BINARY) + " " + args + " 2>" + err_path;
   Output o;
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
