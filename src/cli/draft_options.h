@@ -6,9 +6,9 @@
 #pragma once
 
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -76,17 +76,21 @@ inline std::string step_costs_dir() {
 // backend setup that runs it, and the drafter (its kind, depth and vocabulary).
 inline std::string step_costs_key(const std::string& model_path, const engine::EngineOptions& eo,
                                   const gen::DraftOptions& d) {
-  std::error_code ec;
-  const std::filesystem::path canonical = std::filesystem::weakly_canonical(model_path, ec);
-  struct stat st {};
-  const bool ok = ::stat(model_path.c_str(), &st) == 0;
+  namespace fs = std::filesystem;
+  std::error_code ec, size_ec, time_ec;
+  const fs::path canonical = fs::weakly_canonical(model_path, ec);
+  const auto size = fs::file_size(model_path, size_ec);
+  const auto mtime = fs::last_write_time(model_path, time_ec);
   return fmt::format(
       "model={} size={} mtime={} backend={} threads={} tp={} pp={} ep={} draft={} depth={} "
       "vocab={}",
-      ec ? model_path : canonical.string(), ok ? static_cast<int64_t>(st.st_size) : -1,
-      ok ? static_cast<int64_t>(st.st_mtime) : -1, eo.backend, eo.n_threads, eo.tensor_parallel,
-      eo.pipeline_parallel, eo.expert_parallel ? 1 : 0, gen::draft_kind_name(d.kind), d.max_tokens,
-      eo.draft_vocab);
+      ec ? model_path : canonical.string(), size_ec ? -1 : static_cast<int64_t>(size),
+      time_ec ? -1
+              : static_cast<int64_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                         std::chrono::file_clock::to_sys(mtime).time_since_epoch())
+                                         .count()),
+      eo.backend, eo.n_threads, eo.tensor_parallel, eo.pipeline_parallel,
+      eo.expert_parallel ? 1 : 0, gen::draft_kind_name(d.kind), d.max_tokens, eo.draft_vocab);
 }
 
 // The file of `key` in `dir`: its 64-bit FNV-1a hash in hex (the key itself is the file's second

@@ -62,7 +62,8 @@ for what in "$@"; do
       # Kernel by kernel inside the replayed decode step (tools/cuda/timeline.py), with the CUPTI
       # injection library (build-cuda/libqwenrt_timeline.so, libcupti from .carry/lib); the same
       # bench without it first, so the tracing's own cost shows. BATCH=B (default 0) times the
-      # aggregate decode of B sequences instead (the graph replayed last); DEPTH (default 512).
+      # aggregate decode of B sequences instead (the graph replayed last; steps of more than 16
+      # rows are not graphs: read the CSV with timeline.py --eager); DEPTH (default 512).
       b=${BATCH:-0}; tag=$([ "$b" = 0 ] && echo "" || echo "-x$b")
       graph=$([ "$b" = 0 ] && echo most || echo last)
       for m in ${MODELS:-35B-A3B 27B}; do

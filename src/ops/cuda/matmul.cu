@@ -476,6 +476,10 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
   if (n <= 0) return;
   if (n_p < 1 || n_p > kMaxJobs) cuda_fail("matmul_group: {} projections (1..{})", n_p, kMaxJobs);
   const int64_t in = p[0].w.in;
+  for (int i = 1; i < n_p; ++i) {
+    if (p[i].w.in != in)
+      cuda_fail("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in, in);
+  }
   const auto mmq_takes = [n](const Matrix& w) {
     return mmq_dense_kind(w) && mmq_dense_wide(n, w.out, false);
   };
@@ -487,8 +491,6 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
     int n_rest = 0;
     const Acts a = prepare_acts(x, n, in, true, workspace, stream);
     for (int i = 0; i < n_p; ++i) {
-      if (p[i].w.in != in)
-        cuda_fail("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in, in);
       if (mmq_takes(p[i].w)) {
         mmq_dense(mat_arg(p[i].w, x, "matmul"), a, n, p[i].y, p[i].w.out, stream);
       } else {
@@ -503,8 +505,6 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
   Group g{};
   g.n_jobs = n_p;
   for (int i = 0; i < n_p; ++i) {
-    if (p[i].w.in != in)
-      cuda_fail("matmul_group: projection {} has in = {}, projection 0 has {}", i, p[i].w.in, in);
     g.job[i].m = mat_arg(p[i].w, x, "matmul");
     g.job[i].y = p[i].y;
     g.job[i].y_stride = p[i].w.out;

@@ -139,10 +139,18 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
   }
   __syncthreads();
 
+  // Warp w's 16 weight rows: their first row, and the matrix (gate or up, the expert's) they are
+  // rows of.
+  const auto first_row = [&](int w) {
+    return kSwiGlu ? int64_t{blockIdx.y} * kSwigluCols + (w % kHalf) * kWarpRows
+                   : int64_t{blockIdx.y} * kDownRows + w * kWarpRows;
+  };
+  const auto matrix = [&](int w) {
+    return (kSwiGlu && w >= kHalf ? a.w1 : a.w0) + e * a.expert_bytes;
+  };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t row0 = kSwiGlu ? int64_t{blockIdx.y} * kSwigluCols + (warp % kHalf) * kWarpRows
-                               : int64_t{blockIdx.y} * kDownRows + warp * kWarpRows;
-  const uint8_t* wbase = (kSwiGlu && warp >= kHalf ? a.w1 : a.w0) + e * a.expert_bytes;
+  const int64_t row0 = first_row(warp);
+  const uint8_t* wbase = matrix(warp);
   // Rows past the end read the last row (their outputs are not written).
   [[maybe_unused]] const uint8_t* w0 = wbase + min(row0 + g, a.out - 1) * a.row_bytes;
   [[maybe_unused]] const uint8_t* w1 = wbase + min(row0 + g + 8, a.out - 1) * a.row_bytes;
@@ -170,11 +178,9 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
       constexpr int kChunks = T::kBytes / 16;
       for (int i = threadIdx.x; i < kRowsW * kChunks; i += kThreads) {
         const int r = i / kChunks, c = i % kChunks, wr = r / kWarpRows;
-        const int64_t first = kSwiGlu ? int64_t{blockIdx.y} * kSwigluCols + (wr % kHalf) * kWarpRows
-                                      : int64_t{blockIdx.y} * kDownRows + wr * kWarpRows;
-        const uint8_t* base = (kSwiGlu && wr >= kHalf ? a.w1 : a.w0) + e * a.expert_bytes;
-        const uint8_t* src =
-            base + min(first + r % kWarpRows, a.out - 1) * a.row_bytes + sb * T::kBytes + 16 * c;
+        const uint8_t* src = matrix(wr) +
+                             min(first_row(wr) + r % kWarpRows, a.out - 1) * a.row_bytes +
+                             sb * T::kBytes + 16 * c;
         cp_async16(s_w + (int64_t{buf} * kRowsW + r) * T::kBytes + 16 * c, src, true);
       }
     }
@@ -420,6 +426,13 @@ std::pair<int64_t, int64_t> dense_range() {
 // Rows a tile: the largest of 64 and 32 that still gives two blocks an SM, else 16 (the tiles of
 // one run of weight rows then read them from L2, not DRAM). QWENRT_CUDA_DENSE_MMQ_TILE=16|32|64
 // fixes it (a measurement knob).
+// Weight rows (SwiGLU: hidden columns) a block of mmq_warps() warps covers.
+int64_t block_rows(bool swiglu) {
+  const int w = mmq_warps();
+  return swiglu ? (w == 8 ? swiglu_cols<8>() : swiglu_cols<4>())
+                : (w == 8 ? down_rows<8>() : down_rows<4>());
+}
+
 int dense_tile_rows(int64_t n, int64_t out, bool swiglu) {
   static const int fixed = [] {
     const char* v = std::getenv("QWENRT_CUDA_DENSE_MMQ_TILE");
@@ -427,9 +440,7 @@ int dense_tile_rows(int64_t n, int64_t out, bool swiglu) {
     return r == 16 || r == 32 || r == 64 ? r : 0;
   }();
   if (fixed) return fixed;
-  const int w = mmq_warps();
-  const int64_t per = swiglu ? (w == 8 ? swiglu_cols<8>() : swiglu_cols<4>())
-                             : (w == 8 ? down_rows<8>() : down_rows<4>());
+  const int64_t per = block_rows(swiglu);
   const int64_t col_blocks = (out + per - 1) / per;
   for (int r : {64, 32}) {
     if ((n + r - 1) / r * col_blocks >= 2 * int64_t{sm_count()}) return r;
@@ -460,9 +471,7 @@ bool mmq_dense_rows(int64_t n) {
 }
 
 bool mmq_dense_wide(int64_t n, int64_t out, bool swiglu) {
-  const int w = mmq_warps();
-  const int64_t per = swiglu ? (w == 8 ? swiglu_cols<8>() : swiglu_cols<4>())
-                             : (w == 8 ? down_rows<8>() : down_rows<4>());
+  const int64_t per = block_rows(swiglu);
   return (n + 15) / 16 * ((out + per - 1) / per) >= int64_t{sm_count()};
 }
 
