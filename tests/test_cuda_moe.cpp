@@ -494,5 +494,148 @@ TEST(CudaMoe, OneDecodeRowInTwoLaunchesEqualsTheTwoStreamPath) {
   }
 }
 
+// Experts [in, out, n_mat] of `distinct` random ones repeated (a router over many experts without
+// quantising them all).
+cuda::HostWeight tiled_experts(DType t, int64_t in, int64_t out, int64_t n_mat, int64_t distinct,
+                               std::mt19937& rng) {
+  cuda::HostWeight w = cuda::make_weight(t, in, out, distinct, rng);
+  const std::vector<uint8_t> one = w.bytes;
+  w.bytes.clear();
+  for (int64_t i = 0; i < n_mat / distinct; ++i) w.bytes.insert(w.bytes.end(), one.begin(), one.end());
+  w.view = TensorView::contiguous(t, 3, {in, out, n_mat, 1}, w.bytes.data());
+  return w;
+}
+
+// A decode row's whole MoE FFN in one launch (moe_fused.cu: the FFN input's add and norm, the
+// router, the routing, both experts' gate / up and down) against the launches it replaces
+// (moe_norm_route, then the row's two launches) on the same inputs: x, h, logits, ids, weights,
+// the shared gate, both hidden rows and out bit for bit (the same arithmetic a value); the
+// barriers' counters zero again after a launch, so a second launch (a graph replay) gives the
+// same; a NaN in the row routes nowhere in both. The 35B-A3B's shapes (2048 wide, 256 experts,
+// 8 a token, experts 512 wide, routed Q4_K, shared Q8_0), and rows 1024 wide.
+TEST(CudaMoe, FusedDecodeRowEqualsTheLaunchesItReplaces) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int n_expert = 256, k = 8;
+  const int64_t ff = 512, sff = 512;
+  for (int64_t dim : {2048, 1024}) {
+    const cuda::PlacedWeight gate =
+        cuda::place_weight(tiled_experts(DType::Q4_K, dim, ff, n_expert, 8, rng), false);
+    const cuda::PlacedWeight up =
+        cuda::place_weight(tiled_experts(DType::Q4_K, dim, ff, n_expert, 8, rng), false);
+    const cuda::PlacedWeight down =
+        cuda::place_weight(tiled_experts(DType::Q4_K, ff, dim, n_expert, 8, rng), false);
+    const cuda::PlacedWeight sg = cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
+    const cuda::PlacedWeight su = cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
+    const cuda::PlacedWeight sd = cuda::place_weight(cuda::make_weight(DType::Q8_0, sff, dim, 1, rng), true);
+    std::vector<float> norm(dim), router(n_expert * dim), gate_inp(dim);
+    for (auto& v : norm) v = 1.0f + 0.1f * normal(rng);
+    for (auto& v : router) v = 0.05f * normal(rng);
+    for (auto& v : gate_inp) v = 0.05f * normal(rng);
+    auto d_norm = cuda::to_device(norm.data(), dim * 4);
+    auto d_router = cuda::to_device(router.data(), router.size() * 4);
+    auto d_gate_inp = cuda::to_device(gate_inp.data(), dim * 4);
+    for (bool nan_row : {false, true}) {
+      std::vector<float> x(dim), delta(dim);
+      for (auto& v : x) v = normal(rng);
+      for (auto& v : delta) v = normal(rng);
+      if (nan_row) delta[77] = std::numeric_limits<float>::quiet_NaN();
+      auto d_delta = cuda::to_device(delta.data(), dim * 4);
+      // One path's buffers and arguments.
+      struct Path {
+        std::unique_ptr<cuda::DeviceBuffer> x, h, logits, ids, weights, scale, counters, mid, smid,
+            out;
+        cuda::NormRouteArgs a{};
+        cuda::MoeRow row{};
+      };
+      const auto make_path = [&]() {
+        Path p;
+        p.x = cuda::to_device(x.data(), dim * 4);
+        p.h = cuda::poisoned(dim);
+        p.logits = cuda::poisoned(n_expert);
+        p.ids = cuda::poisoned(k);
+        p.weights = cuda::poisoned(k);
+        p.scale = cuda::poisoned(1);
+        p.counters = cuda::to_device(std::vector<unsigned>(cuda::kNormRouteMaxRows, 0).data(),
+                                     cuda::kNormRouteMaxRows * 4);
+        p.mid = cuda::poisoned(k * ff);
+        p.smid = cuda::poisoned(sff);
+        p.out = cuda::poisoned(dim);
+        p.a.x = p.x->f();
+        p.a.delta = d_delta->f();
+        p.a.norm = d_norm->f();
+        p.a.eps = 1e-6f;
+        p.a.h = p.h->f();
+        p.a.n = 1;
+        p.a.dim = dim;
+        p.a.router = d_router->f();
+        p.a.n_expert = n_expert;
+        p.a.k = k;
+        p.a.logits = p.logits->f();
+        p.a.counters = static_cast<unsigned*>(p.counters->ptr);
+        p.a.ids = static_cast<int32_t*>(p.ids->ptr);
+        p.a.weights = p.weights->f();
+        p.a.gate_inp = d_gate_inp->f();
+        p.a.shared_scale = p.scale->f();
+        p.row = cuda::MoeRow{.gate = gate.m,
+                             .up = up.m,
+                             .down = down.m,
+                             .shared_gate = sg.m,
+                             .shared_up = su.m,
+                             .shared_down = sd.m,
+                             .ids = p.a.ids,
+                             .weights = p.a.weights,
+                             .k = k,
+                             .h = p.a.h,
+                             .mid = p.mid->f(),
+                             .shared_mid = p.smid->f(),
+                             .shared_scale = p.a.shared_scale,
+                             .out = p.out->f()};
+        return p;
+      };
+      const std::string at =
+          std::to_string(dim) + " wide" + (nan_row ? ", a NaN in the row" : "");
+      Path want = make_path();
+      cuda::moe_norm_route(want.a, nullptr);
+      ASSERT_TRUE(cuda::moe_row(want.row, true, nullptr)) << at;
+      Path got = make_path();
+      ASSERT_TRUE(cuda::moe_row(got.row, false, nullptr, &got.a)) << at << ": no fused kernel";
+      ASSERT_TRUE(cuda::moe_row(got.row, true, nullptr, &got.a)) << at;
+      const auto bits = [](const cuda::DeviceBuffer& b, int64_t count) {
+        std::vector<uint32_t> v(count);
+        EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        return v;
+      };
+      EXPECT_EQ(bits(*got.x, dim), bits(*want.x, dim)) << at << ": x";
+      EXPECT_EQ(bits(*got.h, dim), bits(*want.h, dim)) << at << ": h";
+      EXPECT_EQ(bits(*got.logits, n_expert), bits(*want.logits, n_expert)) << at << ": logits";
+      EXPECT_EQ(bits(*got.ids, k), bits(*want.ids, k)) << at << ": ids";
+      EXPECT_EQ(bits(*got.weights, k), bits(*want.weights, k)) << at << ": weights";
+      EXPECT_EQ(bits(*got.scale, 1), bits(*want.scale, 1)) << at << ": shared gate";
+      EXPECT_EQ(bits(*got.mid, k * ff), bits(*want.mid, k * ff)) << at << ": routed hidden";
+      EXPECT_EQ(bits(*got.smid, sff), bits(*want.smid, sff)) << at << ": shared hidden";
+      const std::vector<float> out = cuda::to_host(*got.out, dim);
+      if (nan_row) {
+        for (int64_t i = 0; i < dim; ++i) ASSERT_TRUE(std::isnan(out[i])) << at << " col " << i;
+        const std::vector<uint32_t> none(k, 0xffffffffu);  // ids -1
+        EXPECT_EQ(bits(*got.ids, k), none) << at << ": routes nowhere";
+      } else {
+        EXPECT_EQ(bits(*got.out, dim), bits(*want.out, dim)) << at << ": out";
+        const float mag = std::fabs(out[0]) + std::fabs(out[dim / 2]);
+        EXPECT_TRUE(std::isfinite(mag) && mag > 0) << at << ": out is " << out[0];
+      }
+      EXPECT_EQ(bits(*got.counters, cuda::kNormRouteMaxRows),
+                std::vector<uint32_t>(cuda::kNormRouteMaxRows, 0))
+          << at << ": counters";
+      // Again on the same buffers (a replay): x back to its start, the same results.
+      ASSERT_EQ(cudaMemcpy(got.x->ptr, x.data(), dim * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_TRUE(cuda::moe_row(got.row, true, nullptr, &got.a)) << at;
+      EXPECT_EQ(bits(*got.x, dim), bits(*want.x, dim)) << at << ": x again";
+      EXPECT_EQ(bits(*got.out, dim), bits(*want.out, dim)) << at << ": out again";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qwenrt::ops

@@ -939,16 +939,6 @@ class CudaOps final : public Ops {
         expert_prefetch.bytes[i] = m.out * m.row_bytes;
       }
     }
-    if (pre) {  // x = pre->h is written by this kernel
-      cuda::NormRouteArgs a = norm_route_args(*pre, w, n, n_expert, k);
-      a.logits = logits;
-      a.ids = ids;
-      a.weights = weights;
-      a.shared_scale = shared_scale;
-      a.prefetch = expert_prefetch;
-      cuda::moe_norm_route(a, stream_);
-      prefetch_after({router}, n, stream_);
-    }
     // One decode row with a shared expert: the routed and shared experts side by side in two
     // launches on this stream (cuda::moe_row) where the types have that pair of kernels.
     const cuda::MoeRow row{.gate = gate,
@@ -968,6 +958,22 @@ class CudaOps final : public Ops {
     const bool one_row = n == 1 && shared && moe_row_ && down_combine_ && !mmq && !grouped &&
                          !dropped(kDropShared) && !dropped(kDropExperts) &&
                          !dropped(kDropCombine) && cuda::moe_row(row, false, stream_);
+    if (pre) {  // x = pre->h is written by this kernel
+      cuda::NormRouteArgs a = norm_route_args(*pre, w, n, n_expert, k);
+      a.logits = logits;
+      a.ids = ids;
+      a.weights = weights;
+      a.shared_scale = shared_scale;
+      a.prefetch = expert_prefetch;
+      // The routing and the row's experts in one launch where there is that kernel.
+      if (one_row && cuda::moe_row(row, false, stream_, &a)) {
+        cuda::moe_row(row, true, stream_, &a);
+        prefetch_after({router}, n, stream_);
+        return;
+      }
+      cuda::moe_norm_route(a, stream_);
+      prefetch_after({router}, n, stream_);
+    }
     if (shared && !one_row && !dropped(kDropShared)) {
       QWENRT_CUDA_CHECK(cudaEventRecord(fork_, stream_));
       QWENRT_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));

@@ -1,5 +1,5 @@
-// The resident GEMV (matmul_args.cuh, "gemv_resident.cu"): one activation row of fp32, the
-// batch-1 decode path.
+// The resident GEMV's launches (matmul_args.cuh, "gemv_resident.cu"; the kernel body in
+// gemv_resident.cuh): one activation row of fp32, the batch-1 decode path.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -9,452 +9,12 @@
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/matmul_args.cuh"
+#include "ops/cuda/gemv_resident.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 
 namespace qwenrt::ops::cuda::mm {
 namespace {
-
-// ---- Resident GEMV: the batch-1 decode path (n = 1) ------------------------------------------
-// For the types whose 256-element blocks split into 8 units of 32 that load with 16- or 8-byte
-// loads (Q4_K, Q5_K, IQ4_XS, Q8_0 in superblocks). The staged kernel above re-reads the
-// activations for every row from L1 and stages the weights through shared memory; both cost
-// load instructions per weight byte that the weight stream cannot afford. Here:
-// - A row's n_units = in / 32 units are split into S slices of 32 UPL units, UPL = 1..4 units a
-//   lane (resident_shape); a block is S x R warps (R = max(1, 8 / S) row lanes). Lane l of slice
-//   s owns units 32 UPL s + 32 i + l of every row it visits, so its activations stay in
-//   registers: the block quantises x
-//   once into shared memory (quantize_q8_kernel's arithmetic, so the int8 values equal the
-//   two-launch path's; rows longer than kResQuantiseInKernelMax take that kernel's output
-//   instead) and each lane keeps its unit's int8 values, scales and scaled sums. A row then costs
-//   its weight loads (consecutive lanes take consecutive units: coalesced) and the dot products.
-// - Blocks are persistent (the grid is what fits on the GPU at once) and walk the row groups (R
-//   rows) grid-strided; each warp keeps the weights of the next DEPTH rows in flight (registers:
-//   3 rows ahead at one unit a lane, 1 at more). Slice partials meet in shared memory once at the
-//   end, summed in a fixed order.
-// - Programmatic dependent launch (sm_90, pdl.cuh): the kernel lets the next kernel launch at
-//   once, and loads its first rows' weights (which no earlier kernel writes) before waiting for
-//   the previous kernel's results.
-constexpr int kResRowWarps = 8;    // warps a block aims for (S x R)
-constexpr int kResMaxSlices = 18;  // rows up to 18432 wide (the 27B's FFN rows are 17408)
-
-// The four shapes of work: matmul / matmul_group (jobs), a dense SwiGLU (gate and up rows
-// together), routed experts' gate/up (rows pair * ff + row of expert ids[pair]), and routed
-// experts' down per pair (blockIdx.y = pair p: rows of expert ids[p] against x row p, written to
-// y row p), and routed experts' down summed over a token's pairs (kResCombine below).
-enum ResidentMode { kResJobs = 0, kResSwiglu = 1, kResExperts = 2, kResPairs = 3, kResCombine = 4 };
-// kResCombine: blockIdx.y = token t. Row r of its output is one row of k * ff elements: expert
-// ids[t k + j]'s down row r for j = 0..k-1 side by side, against the token's k hidden rows x
-// [t k .. t k + k, ff] side by side, whose block scales the block multiplies by the routing
-// weights w[t k + j] after quantising them. So the row's dot is sum_j w_j (down_j row r . x_j),
-// the weighted sum over the pairs; the store adds shared_scale[t] * shared[t, r]. ff is a
-// multiple of 256 (a pair's row is whole superblocks).
-
-struct ResidentArgs {
-  const uint8_t* data[kMaxJobs];
-  int64_t row_bytes[kMaxJobs];
-  int64_t expert_bytes[2];
-  float* y[kMaxJobs];
-  int64_t first_row[kMaxJobs + 1];  // kResJobs: job j holds rows [first_row[j], first_row[j + 1])
-  int n_jobs;
-  int64_t total_rows;
-  int64_t ff;             // kResExperts: rows per pair
-  const int32_t* ids;     // kResExperts, kResPairs
-  int64_t n_expert;       // kResExperts, kResPairs
-  const float* x;         // [in] ([pairs, in] for kResPairs), 16-byte aligned
-  const int8_t* xq;       // x already quantised (quantize_q8_kernel; long rows), or null
-  const float* xd;        // its scales
-  int in;                 // a multiple of 256
-  int slices, row_lanes;  // S, R
-  int max_groups;         // row groups a block visits, at most (the partials' shared memory)
-  int stages;             // streamed kernel: stages of its shared-memory ring
-  int64_t stage_bytes;    // bytes a stage (NM x R rows of row_bytes[0], rounded up to 128)
-  int k;                  // kResCombine: pairs a token
-  const float* weights;   // kResCombine: routing weights [tokens, k]
-  const float* shared;    // kResCombine: the shared expert's output [tokens, total_rows], or null
-  const float* shared_scale;  // kResCombine: its gate [tokens]
-  // The MoE row's two launches (resident_moe_row): the first zeroes `zero` [zero_n] after its
-  // wait; the second's parts add their rows into y (atomicAdd: two addends onto zero, so the
-  // sum is the same whichever lands first), kResJobs rows times *out_scale.
-  float* zero;
-  int64_t zero_n;
-  bool add_out;
-  const float* out_scale;
-};
-
-template <int MODE>
-constexpr int resident_mats() {
-  return MODE == kResJobs || MODE == kResPairs || MODE == kResCombine ? 1 : 2;
-}
-// Rows a warp has in flight beyond the one it computes: with one unit a lane there are registers
-// for three (two with two matrices); with more units a lane, one.
-template <int UPL, int MODE>
-constexpr int resident_depth() {
-  return UPL > 1 ? 1 : resident_mats<MODE>() == 1 ? 3 : 2;
-}
-// Threads a block may have: slices of one unit a lane make up to 18 warps (9 with 64-element
-// units); with more units a lane a block has at most 8 (and the registers that UPL x (1 + depth)
-// units need).
-template <int UE, int UPL>
-constexpr int resident_max_threads() {
-  return UPL == 1 ? kResMaxSlices * 32 * 32 / UE : kResRowWarps * 32;
-}
-
-// The weight rows of global row r (false: an expert id out of range; nothing to read).
-template <int MODE>
-__device__ __forceinline__ bool resident_rows(const ResidentArgs& a, int64_t r,
-                                              const uint8_t* (&ptr)[resident_mats<MODE>()]) {
-  if constexpr (MODE == kResJobs) {
-    int j = 0;
-    while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
-    ptr[0] = a.data[j] + (r - a.first_row[j]) * a.row_bytes[j];
-    return true;
-  } else if constexpr (MODE == kResSwiglu) {
-    ptr[0] = a.data[0] + r * a.row_bytes[0];
-    ptr[1] = a.data[1] + r * a.row_bytes[1];
-    return true;
-  } else if constexpr (MODE == kResExperts) {
-    const int64_t p = r / a.ff, row = r % a.ff;
-    const int32_t e = a.ids[p];
-    if (e < 0 || e >= a.n_expert) return false;
-    ptr[0] = a.data[0] + e * a.expert_bytes[0] + row * a.row_bytes[0];
-    ptr[1] = a.data[1] + e * a.expert_bytes[1] + row * a.row_bytes[1];
-    return true;
-  } else if constexpr (MODE == kResPairs) {
-    const int32_t e = a.ids[blockIdx.y];
-    if (e < 0 || e >= a.n_expert) return false;
-    ptr[0] = a.data[0] + e * a.expert_bytes[0] + r * a.row_bytes[0];
-    return true;
-  } else {  // kResCombine: row r of every pair's expert; resident_load places the units
-    ptr[0] = a.data[0] + r * a.row_bytes[0];
-    return true;
-  }
-}
-
-// kResCombine: whether every one of the token's k expert ids is in range.
-__device__ __forceinline__ bool combine_ids_ok(const ResidentArgs& a) {
-  bool ok = true;
-  for (int j = 0; j < a.k; ++j) {
-    const int32_t e = a.ids[int64_t{blockIdx.y} * a.k + j];
-    ok = ok && e >= 0 && e < a.n_expert;
-  }
-  return ok;
-}
-
-template <int MODE>
-__device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
-                                               const float (&v)[resident_mats<MODE>()], bool ok) {
-  if constexpr (MODE == kResJobs) {
-    int j = 0;
-    while (j + 1 < a.n_jobs && r >= a.first_row[j + 1]) ++j;
-    float* y = a.y[j] + (r - a.first_row[j]);
-    if (a.add_out) {
-      atomicAdd(y, a.out_scale ? __fmul_rn(v[0], *a.out_scale) : v[0]);
-    } else {
-      *y = v[0];
-    }
-  } else if constexpr (MODE == kResPairs) {
-    a.y[0][blockIdx.y * a.total_rows + r] = ok ? v[0] : __int_as_float(0x7fc00000);
-  } else if constexpr (MODE == kResCombine) {
-    const int64_t i = blockIdx.y * a.total_rows + r;
-    float out = v[0];
-    if (a.shared) out += a.shared_scale[blockIdx.y] * a.shared[i];
-    if (!ok) out = __int_as_float(0x7fc00000);
-    if (a.add_out) {
-      atomicAdd(a.y[0] + i, out);
-    } else {
-      a.y[0][i] = out;
-    }
-  } else {
-    a.y[0][r] = ok ? silu(v[0]) * v[1] : __int_as_float(0x7fc00000);
-  }
-}
-
-// The rows of this block's groups from their slice partials (part[(m S + s) part_stride + t R +
-// i]: matrix m, slice s, row i of the block's t-th group), summed in slice order, by threads tid
-// of n.
-template <int MODE>
-__device__ __forceinline__ void resident_store_partials(const ResidentArgs& a, const float* part,
-                                                        int part_stride, int tid, int n, int bx,
-                                                        int gx) {
-  constexpr int NM = resident_mats<MODE>();
-  const int S = a.slices, R = a.row_lanes;
-  for (int l = tid; l < part_stride; l += n) {
-    const int64_t row = (int64_t{bx} + int64_t{l / R} * gx) * R + l % R;
-    if (row >= a.total_rows) continue;
-    float v[NM];
-#pragma unroll
-    for (int m = 0; m < NM; ++m) {
-      float sum = 0.0f;
-      for (int q = 0; q < S; ++q) sum += part[(m * S + q) * part_stride + l];
-      v[m] = sum;
-    }
-    bool row_ok = true;
-    if constexpr (MODE == kResExperts || MODE == kResPairs) {
-      const int32_t e = a.ids[MODE == kResExperts ? row / a.ff : int64_t{blockIdx.y}];
-      row_ok = e >= 0 && e < a.n_expert;
-    } else if constexpr (MODE == kResCombine) {
-      row_ok = combine_ids_ok(a);
-    }
-    resident_store<MODE>(a, row, v, row_ok);
-  }
-}
-
-// Elements a unit of T covers (32, or 64 for Q4K64), and its 16-element activation vectors.
-template <class T>
-constexpr int unit_elems() {
-  return T::kElems / T::kUnits;
-}
-template <class T>
-constexpr int unit_acts() {
-  return unit_elems<T>() / 16;
-}
-
-// Eight elements of x (one quarter of a block of 32: thread t of four) into sq / sd.
-__device__ __forceinline__ void quantise_eight(float4 v0, float4 v1, int t, int8_t* sq, float* sd) {
-  const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-  float amax = 0.0f;
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    amax = fmaxf(amax, fabsf(v[i]));
-    bad = bad || isnan(v[i]);
-  }
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  int any_bad = bad ? 1 : 0;
-  any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 1);
-  any_bad |= __shfl_xor_sync(0xffffffffu, any_bad, 2);
-  const float scale = any_bad ? __int_as_float(0x7fc00000) : amax / 127.0f;
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  uint32_t packed[2] = {0, 0};
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-    packed[i / 4] |= (uint32_t(__float2int_rn(v[i] * inv)) & 0xff) << (8 * (i % 4));
-  *reinterpret_cast<uint2*>(sq + 8 * t) = make_uint2(packed[0], packed[1]);
-  if (t % 4 == 0) sd[t / 4] = scale;
-}
-
-// x [in] (in a multiple of 256, 16-byte aligned) into shared memory as int8 blocks of 32 with
-// quantize_q8_kernel's arithmetic, by threads tid of n (a multiple of 32): four threads a block,
-// eight elements each (in / 8 is a multiple of 32, so whole warps take part in each round of
-// shuffles). Up to two rounds a thread load everything before quantising (one wait on L2, not
-// one a round).
-__device__ __forceinline__ void quantise_x_shared(const float* x, int in, int8_t* sq, float* sd,
-                                                  int tid, int n) {
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  const int units = in / 8;
-  if (units <= 2 * n) {
-    float4 v[2][2] = {};
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int t = tid + q * n;
-      if (t < units) {
-        v[q][0] = x4[2 * t];
-        v[q][1] = x4[2 * t + 1];
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int t = tid + q * n;
-      if (t < units) quantise_eight(v[q][0], v[q][1], t, sq, sd);
-    }
-    return;
-  }
-  for (int t = tid; t < units; t += n) quantise_eight(x4[2 * t], x4[2 * t + 1], t, sq, sd);
-}
-
-// A lane's units of x in registers: units u0 + 32 i (i < UPL) of every row, their int8 values
-// (av), scales (xd) and scaled sums (xs = xd sum(q)); zero past the row's n_units.
-template <class T, int UPL>
-struct LaneActs {
-  static constexpr int NA = unit_acts<T>();
-  int4 av[UPL][NA];
-  float xd[UPL][NA], xs[UPL][NA];
-
-  __device__ __forceinline__ void load(const int8_t* aq, const float* ad, int u0, int j,
-                                       int n_units) {
-#pragma unroll
-    for (int i = 0; i < UPL; ++i) {
-      const int u = u0 + 32 * i;
-#pragma unroll
-      for (int k = 0; k < NA; ++k) {
-        av[i][k] = make_int4(0, 0, 0, 0);
-        xd[i][k] = xs[i][k] = 0.0f;
-        if (u < n_units) {
-          const int e = (u / T::kUnits) * T::kElems + T::act_offset(j, k);
-          av[i][k] = *reinterpret_cast<const int4*>(aq + e);
-          xd[i][k] = ad[e / qb::kActBlock];
-          const int4 v = av[i][k];
-          xs[i][k] =
-              xd[i][k] * float(qb::sum4(v.w, qb::sum4(v.z, qb::sum4(v.y, qb::sum4(v.x, 0)))));
-        }
-      }
-    }
-  }
-};
-
-// kResCombine: where unit u0 + 32 i of a lane lies in any row, past the row's start: its pair's
-// expert and its superblock within that expert's row (the same for every row the lane visits;
-// 0 where the unit is past the row). The token's ids are in range (combine_ids_ok).
-template <class T, int UPL>
-__device__ __forceinline__ void combine_offsets(const ResidentArgs& a, int u0, int n_units,
-                                                int64_t (&off)[UPL]) {
-  const int sb_per_pair = a.in / a.k / T::kElems;
-#pragma unroll
-  for (int i = 0; i < UPL; ++i) {
-    const int u = u0 + 32 * i;
-    off[i] = 0;
-    if (u >= n_units) continue;
-    const int b = u / T::kUnits;
-    const int32_t e = a.ids[int64_t{blockIdx.y} * a.k + b / sb_per_pair];
-    off[i] = e * a.expert_bytes[0] + int64_t{b % sb_per_pair} * T::kBytes;
-  }
-}
-
-template <class T, int UPL, int MODE>
-__device__ __forceinline__ bool resident_load(const ResidentArgs& a, int64_t r, int u0, int j,
-                                              int n_units,
-                                              typename T::Unit (&w)[resident_mats<MODE>()][UPL],
-                                              const int64_t (&unit_off)[UPL]) {
-  constexpr int NM = resident_mats<MODE>();
-  const uint8_t* ptr[NM];
-  if (!resident_rows<MODE>(a, r, ptr)) return false;
-#pragma unroll
-  for (int m = 0; m < NM; ++m) {
-#pragma unroll
-    for (int i = 0; i < UPL; ++i) {
-      const int u = u0 + 32 * i;
-      if (u < n_units) {
-        w[m][i] = MODE == kResCombine ? T::load(ptr[m] + unit_off[i], j)
-                                      : T::load(ptr[m] + (u / T::kUnits) * T::kBytes, j);
-      }
-    }
-  }
-  return true;
-}
-
-// The kernel's work as block bx of gx (a launch may hold two such grids: resident_two_kernel).
-template <class T, int UPL, int MODE>
-__device__ __forceinline__ void resident_body(const ResidentArgs& a, int bx, int gx,
-                                              uint8_t* res_smem) {
-  constexpr int NM = resident_mats<MODE>();
-  constexpr int DEPTH = resident_depth<UPL, MODE>(), NB = DEPTH + 1;
-  static_assert(T::kElems == 256 && (T::kUnits == 8 || T::kUnits == 4),
-                "resident GEMV: 256-element blocks of 8 or 4 units");
-  int8_t* sq = reinterpret_cast<int8_t*>(res_smem);       // [in] (unless pre-quantised)
-  float* sd = reinterpret_cast<float*>(res_smem + a.in);  // [in / 32]
-  float* part = a.xq ? reinterpret_cast<float*>(res_smem) : sd + a.in / qb::kActBlock;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int S = a.slices, R = a.row_lanes;
-  const int s = warp % S, rw = warp / S;
-  const int n_units = a.in / unit_elems<T>();
-  const int u0 = 32 * UPL * s + lane;  // this lane's units of every row: u0 + 32 i, i < UPL
-  const int j = lane % T::kUnits;      // their place in their blocks
-  const int64_t stride = int64_t{gx} * R;
-  const int64_t r0 = int64_t{bx} * R + rw;
-
-  pdl_launch_dependents();
-  typename T::Unit w[NB][NM][UPL];
-  bool ok[NB];
-  int64_t unit_off[UPL] = {};  // kResCombine
-  bool ids_ok = true;
-  auto load_ahead = [&]() {
-#pragma unroll
-    for (int q = 0; q < DEPTH; ++q) {
-      const int64_t r = r0 + q * stride;
-      ok[q] = ids_ok && r < a.total_rows &&
-              resident_load<T, UPL, MODE>(a, r, u0, j, n_units, w[q], unit_off);
-    }
-  };
-  // Expert ids come from an earlier kernel (not necessarily finished before the previous one).
-  constexpr bool kIds = MODE == kResExperts || MODE == kResPairs || MODE == kResCombine;
-  if constexpr (!kIds) load_ahead();
-  pdl_wait();
-  // Every lane checks all of the token's ids: a row with any out of range is NaN as a whole.
-  if constexpr (MODE == kResCombine) {
-    ids_ok = combine_ids_ok(a);
-    if (ids_ok) combine_offsets<T, UPL>(a, u0, n_units, unit_off);
-  }
-  if constexpr (kIds) load_ahead();
-  if (a.zero) {
-    for (int64_t i = int64_t{bx} * blockDim.x + threadIdx.x; i < a.zero_n;
-         i += int64_t{gx} * blockDim.x)
-      a.zero[i] = 0.0f;
-  }
-
-  if (a.xq == nullptr) {
-    const float* x =
-        MODE == kResPairs || MODE == kResCombine ? a.x + int64_t{blockIdx.y} * a.in : a.x;
-    // kResCombine: each pair's block scales times its routing weight (loaded with x).
-    const int n_blocks = a.in / qb::kActBlock;
-    float wt = 0.0f;
-    if constexpr (MODE == kResCombine) {
-      if (int(threadIdx.x) < n_blocks)
-        wt = a.weights[int64_t{blockIdx.y} * a.k + threadIdx.x / (n_blocks / a.k)];
-    }
-    quantise_x_shared(x, a.in, sq, sd, threadIdx.x, blockDim.x);
-    __syncthreads();
-    if constexpr (MODE == kResCombine) {
-      if (int(threadIdx.x) < n_blocks) sd[threadIdx.x] *= wt;
-      for (int b = threadIdx.x + blockDim.x; b < n_blocks; b += blockDim.x)
-        sd[b] *= a.weights[int64_t{blockIdx.y} * a.k + b / (n_blocks / a.k)];
-      __syncthreads();
-    }
-  }
-  LaneActs<T, UPL> act;
-  act.load(a.xq ? a.xq : sq, a.xq ? a.xd : sd, u0, j, n_units);
-
-  // Row t of this warp is r0 + t * stride, its weights in buffer t % NB; the loop is unrolled NB
-  // times so every buffer index is a constant (registers, not local memory).
-  const int part_stride = R * a.max_groups;
-  for (int t0 = 0;; t0 += NB) {
-#pragma unroll
-    for (int q = 0; q < NB; ++q) {
-      const int t = t0 + q;
-      const int64_t r = r0 + t * stride;
-      if (r >= a.total_rows) goto rows_done;  // uniform over the warp
-      {
-        const int ahead = (q + DEPTH) % NB;
-        const int64_t rn = r + DEPTH * stride;
-        ok[ahead] = ids_ok && rn < a.total_rows &&
-                    resident_load<T, UPL, MODE>(a, rn, u0, j, n_units, w[ahead], unit_off);
-      }
-      float acc[NM] = {};
-      if (ok[q]) {
-#pragma unroll
-        for (int m = 0; m < NM; ++m) {
-#pragma unroll
-          for (int i = 0; i < UPL; ++i) {
-            if (u0 + 32 * i < n_units)
-              acc[m] += T::dot_regs(w[q][m][i], j, act.av[i], act.xd[i], act.xs[i]);
-          }
-        }
-      }
-      warp_sum<NM>(acc);
-      if (lane == 0) {
-        if (S == 1) {
-          resident_store<MODE>(a, r, acc, ok[q]);
-        } else {
-#pragma unroll
-          for (int m = 0; m < NM; ++m) part[(m * S + s) * part_stride + t * R + rw] = acc[m];
-        }
-      }
-    }
-  }
-rows_done:
-  if (S > 1) {
-    __syncthreads();
-    resident_store_partials<MODE>(a, part, part_stride, threadIdx.x, blockDim.x, bx, gx);
-  }
-}
-
-template <class T, int UPL, int MODE>
-__global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
-    resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
-  extern __shared__ __align__(16) uint8_t res_smem[];
-  resident_body<T, UPL, MODE>(a, blockIdx.x, gridDim.x, res_smem);
-}
 
 // Two resident GEMVs in one launch of 8-warp blocks: blocks [0, blocks1) run the first over a1,
 // the rest the second over a2 (a MoE row's routed experts and its shared expert: no second
@@ -465,9 +25,10 @@ __global__ void __launch_bounds__(kResRowWarps * 32)
                         const __grid_constant__ ResidentArgs a2, int blocks1) {
   extern __shared__ __align__(16) uint8_t res_smem[];
   if (int(blockIdx.x) < blocks1) {
-    resident_body<T1, U1, M1>(a1, blockIdx.x, blocks1, res_smem);
+    resident_body<T1, U1, M1>(a1, inputs_of(a1), blockIdx.x, blocks1, res_smem);
   } else {
-    resident_body<T2, U2, M2>(a2, blockIdx.x - blocks1, gridDim.x - blocks1, res_smem);
+    resident_body<T2, U2, M2>(a2, inputs_of(a2), blockIdx.x - blocks1, gridDim.x - blocks1,
+                              res_smem);
   }
 }
 
@@ -530,13 +91,13 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
       uint32_t bytes = 0;
       for (int i = 0; i < R; ++i) {
         const int64_t r = g * R + i;
-        if (r < a.total_rows && resident_rows<MODE>(a, r, src)) bytes += uint32_t(NM * rb);
+        if (r < a.total_rows && resident_rows<MODE>(a, a.ids, r, src)) bytes += uint32_t(NM * rb);
       }
       mbar_arrive_expect_tx(&full[slot], bytes);
       uint8_t* dst = ring + slot * stage_bytes;
       for (int i = 0; i < R; ++i) {
         const int64_t r = g * R + i;
-        if (!(r < a.total_rows && resident_rows<MODE>(a, r, src))) continue;
+        if (!(r < a.total_rows && resident_rows<MODE>(a, a.ids, r, src))) continue;
 #pragma unroll
         for (int m = 0; m < NM; ++m)
           bulk_copy_g2s(dst + (m * R + i) * rb, src[m], uint32_t(rb), &full[slot]);
@@ -563,7 +124,7 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
     const int slot = t % NS;
     const int64_t r = g * R + rw;
     const uint8_t* unused[NM];
-    const bool ok = r < a.total_rows && resident_rows<MODE>(a, r, unused);
+    const bool ok = r < a.total_rows && resident_rows<MODE>(a, a.ids, r, unused);
     float acc[NM] = {};
     mbar_wait(&full[slot], (t / NS) & 1);
     if (ok) {
@@ -594,18 +155,11 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
   }
   if (S > 1) {
     asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
-    resident_store_partials<MODE>(a, part, part_stride, threadIdx.x, 32 * consumers, blockIdx.x,
+    resident_store_partials<MODE>(a, a.ids, part, part_stride, threadIdx.x, 32 * consumers, blockIdx.x,
                                   gridDim.x);
   }
 }
 
-bool resident_off() {
-  static const bool off = [] {
-    const char* v = std::getenv("QWENRT_CUDA_RESIDENT");
-    return v && v[0] == '0';
-  }();
-  return off;
-}
 
 // kernel<<<(grid, grid_y), threads, smem, stream>>>(a), with programmatic stream serialization
 // where pdl_on(), whatever the grid (a persistent grid is what fits on the GPU at once).
@@ -616,13 +170,6 @@ void launch_pdl(Kernel* kernel, int64_t grid, int threads, size_t smem, cudaStre
                   dim3(static_cast<unsigned>(threads)), smem, stream, a);
 }
 
-// Persistent blocks: as many as fit on the GPU at once with `smem` bytes each (at most `groups`).
-template <class Kernel>
-int64_t persistent_grid(Kernel* kernel, int threads, size_t smem, int64_t groups) {
-  int per_sm = 0;
-  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  return std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{std::max(per_sm, 1)} * sm_count()));
-}
 
 template <class T, int UPL, int MODE>
 void launch_resident(ResidentArgs a, cudaStream_t stream, unsigned pairs = 1) {
@@ -715,94 +262,6 @@ void launch_gemv(const ResidentArgs& a, cudaStream_t stream, unsigned pairs) {
   if (!launch_stream<T, UPL, MODE>(a, stream)) launch_resident<T, UPL, MODE>(a, stream, pairs);
 }
 
-// Rows longer than this take their activations quantised by quantize_q8_kernel (one launch)
-// instead of every block quantising the whole row itself (a 17408-wide row is 70 KB of floats a
-// block reads from L2 before its weights can be used).
-constexpr int kResQuantiseInKernelMax = 8192;
-
-// The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
-// none: other types, rows over 18432 wide, unaligned x, or QWENRT_CUDA_RESIDENT=0.
-// Units a lane, chosen by measurement (bench/results/h200.md, cuda_gemv_bench on the H200):
-// single matrices and routed experts stream best with up to 4 units a lane over 1, 2, 4 or 8
-// slices (fewer rows per byte: the per-row work of finding, summing and storing a row is paid
-// less often), the dense SwiGLU with one unit a lane over in / 1024 slices and two rows ahead
-// (two matrices' units at 3 a lane need ~170 registers: one block an SM).
-struct ResidentShape {
-  int slices, upl;
-};
-// Units of 64 elements (Q4K64) hold twice the registers of 32-element ones: at most 2 a lane.
-// (Q8_0 superblocks in 64-element units measured slower, 56.6% of the bandwidth against 80.1% on
-// 5120 x 17408, and were dropped: bench/results/h200-decode-gemv.md.)
-template <int MODE>
-ResidentShape resident_shape(int n_units, int max_upl) {
-  if constexpr (MODE == kResSwiglu) {
-    return {(n_units + 31) / 32, 1};
-  } else {
-    int S = 1;
-    while (S < kResRowWarps && S * 32 * max_upl < n_units) S *= 2;
-    return {S, (n_units + 32 * S - 1) / (32 * S)};
-  }
-}
-
-// Q4_K in 64-element units (Q4K64: one scale decode per 64 weights, branch-free) unless
-// QWENRT_CUDA_Q4K64=0 (the 32-element units); QWENRT_CUDA_Q4K64=1 keeps single matrices with
-// rows over kResQuantiseInKernelMax on the staged kernel, as the 32-element units do.
-int q4k64_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("QWENRT_CUDA_Q4K64");
-    return v && (v[0] == '0' || v[0] == '1') ? v[0] - '0' : 2;
-  }();
-  return mode;
-}
-
-// The unit type and shape the resident kernel reads `m` with in mode MODE over rows of a.in
-// (kind kResNone: it has none for that type or measured slower there).
-enum ResKind { kResNone, kResQ4K, kResQ4K64, kResQ5K, kResIQ4XS, kResQ80S };
-struct ResidentPlan {
-  ResKind kind = kResNone;
-  ResidentShape shape{};
-};
-template <class T>
-constexpr ResKind kind_of() {
-  if constexpr (std::is_same_v<T, qb::Q4K>) return kResQ4K;
-  if constexpr (std::is_same_v<T, qb::Q4K64>) return kResQ4K64;
-  if constexpr (std::is_same_v<T, qb::Q5K>) return kResQ5K;
-  if constexpr (std::is_same_v<T, qb::IQ4XS>) return kResIQ4XS;
-  return kResQ80S;
-}
-
-template <int MODE>
-ResidentPlan resident_plan(const MatArg& m, const ResidentArgs& a) {
-  // Q4_K rows of at least 2048 take 64-element units (shorter ones would leave lanes idle).
-  const bool q4k64 = m.dtype == DType::Q4_K && q4k64_mode() != 0 && a.in >= 2048;
-  const ResidentShape shape =
-      q4k64 ? resident_shape<MODE>(a.in / 64, 2) : resident_shape<MODE>(a.in / 32, 4);
-  if (shape.slices > (q4k64 ? kResMaxSlices / 2 : kResMaxSlices) || shape.upl > 4) return {};
-  switch (m.dtype) {
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::IQ4_XS:
-      // A single 4-bit matrix with rows this long streams faster through the staged kernel
-      // (Q4_K 17408 x 5120: 29.6 us against 35.4 us here, quantisation launch included), except
-      // in 64-element units (measured in bench/results/h200.md).
-      if (MODE == kResJobs && a.in > kResQuantiseInKernelMax && !(q4k64 && q4k64_mode() == 2))
-        return {};
-      break;
-    case DType::Q8_0:
-      if (!m.q8s) return {};
-      // An lm-head-sized Q8_0 matrix streams faster through the staged kernel (94% of the
-      // bandwidth against 85% here, 2048 x 248320).
-      if (MODE == kResJobs && a.total_rows >= 131072) return {};
-      break;
-    default:
-      return {};
-  }
-  const ResKind kind = m.dtype == DType::Q4_K     ? (q4k64 ? kResQ4K64 : kResQ4K)
-                       : m.dtype == DType::Q5_K   ? kResQ5K
-                       : m.dtype == DType::IQ4_XS ? kResIQ4XS
-                                                  : kResQ80S;
-  return {kind, shape};
-}
 
 // The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
 // none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
@@ -868,19 +327,6 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
   return true;
 }
 
-// ---- Two GEMVs in one launch (resident_two_kernel) ---------------------------------------------
-// One part's layout: a.slices and a.row_lanes set (S x R = 8 warps), x quantised in the kernel.
-template <class T, int MODE>
-struct TwoPart {
-  static constexpr int NM = resident_mats<MODE>();
-  const ResidentArgs& a;
-  int64_t groups() const { return (a.total_rows + a.row_lanes - 1) / a.row_lanes; }
-  size_t smem(int64_t max_groups) const {
-    const size_t base = size_t(a.in) + size_t(a.in / qb::kActBlock) * 4;
-    return base + (a.slices > 1 ? size_t(NM) * a.slices * a.row_lanes * max_groups * 4 : 0);
-  }
-  double bytes() const { return double(a.total_rows) * NM * (a.in / T::kElems) * T::kBytes; }
-};
 
 // Shares the blocks that fit between the parts by their weight bytes (at least one each, at most
 // a part's row groups) and launches.
@@ -894,16 +340,11 @@ void launch_two(ResidentArgs a1, ResidentArgs a2, cudaStream_t stream) {
                                          static_cast<int>(kMaxSmem)));
   const int64_t total = persistent_grid(kernel, kResRowWarps * 32, std::max(p1.smem(8), p2.smem(8)),
                                         p1.groups() + p2.groups());
-  const int64_t b1 = std::clamp<int64_t>(
-      std::llround(double(total) * p1.bytes() / (p1.bytes() + p2.bytes())), 1, p1.groups());
-  const int64_t b2 = std::clamp<int64_t>(total - b1, 1, p2.groups());
-  a1.max_groups = static_cast<int>((p1.groups() + b1 - 1) / b1);
-  a2.max_groups = static_cast<int>((p2.groups() + b2 - 1) / b2);
-  const size_t smem = std::max(p1.smem(a1.max_groups), p2.smem(a2.max_groups));
-  if (smem > kMaxSmem)
-    cuda_fail("resident_moe_row: " + std::to_string(smem) + " bytes of shared memory");
-  launch_with_pdl(pdl_on(), kernel, dim3(static_cast<unsigned>(b1 + b2)), dim3(kResRowWarps * 32),
-                  smem, stream, a1, a2, static_cast<int>(b1));
+  const TwoSplit sp = split_two<T1, M1, T2, M2>(a1, a2, total);
+  if (sp.smem > kMaxSmem)
+    cuda_fail("resident_moe_row: " + std::to_string(sp.smem) + " bytes of shared memory");
+  launch_with_pdl(pdl_on(), kernel, dim3(static_cast<unsigned>(sp.b1 + sp.b2)),
+                  dim3(kResRowWarps * 32), sp.smem, stream, a1, a2, static_cast<int>(sp.b1));
 }
 
 // Launches the pair's kernel if the plans are (T1, U1) and (T2, U2) (only checks where launch is
@@ -911,40 +352,11 @@ void launch_two(ResidentArgs a1, ResidentArgs a2, cudaStream_t stream) {
 template <class T1, int U1, int M1, class T2, int U2, int M2>
 bool two_if(const ResidentPlan& p1, const ResidentPlan& p2, const ResidentArgs& a1,
             const ResidentArgs& a2, bool launch, cudaStream_t stream) {
-  if (p1.kind != kind_of<T1>() || p1.shape.upl != U1 || p2.kind != kind_of<T2>() ||
-      p2.shape.upl != U2)
-    return false;
+  if (!plan_is<T1, U1>(p1) || !plan_is<T2, U2>(p2)) return false;
   if (launch) launch_two<T1, U1, M1, T2, U2, M2>(a1, a2, stream);
   return true;
 }
 
-// The arguments of the two-matrix modes: gate and up rows side by side, y the SwiGLU output.
-ResidentArgs gate_up_args(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y) {
-  ResidentArgs a{};
-  a.data[0] = g.data;
-  a.data[1] = u.data;
-  a.row_bytes[0] = g.row_bytes;
-  a.row_bytes[1] = u.row_bytes;
-  a.y[0] = y;
-  a.x = x;
-  a.in = static_cast<int>(in);
-  return a;
-}
-
-// The arguments of the routed down modes: rows of expert ids[.]'s down against rows of x of `in`.
-ResidentArgs down_args(const MatArg& d, const int32_t* ids, const float* x, int64_t in, float* y) {
-  ResidentArgs a{};
-  a.data[0] = d.data;
-  a.row_bytes[0] = d.row_bytes;
-  a.expert_bytes[0] = d.expert_bytes;
-  a.y[0] = y;
-  a.x = x;
-  a.in = static_cast<int>(in);
-  a.total_rows = d.out;
-  a.ids = ids;
-  a.n_expert = d.n_expert;
-  return a;
-}
 
 }  // namespace
 
@@ -1014,64 +426,19 @@ bool resident_experts_down_combine(const MatArg& d, const int32_t* ids, const fl
 }
 
 bool resident_moe_row(const MoeRowArgs& m, bool launch, cudaStream_t stream) {
-  const int k = m.k;
-  if (resident_off() || k < 1 || m.dim % 256 != 0 || m.dim > kResQuantiseInKernelMax ||
-      m.ff % 256 != 0 || k * m.ff > kResQuantiseInKernelMax || m.shared_ff % 256 != 0 ||
-      m.shared_ff > kResQuantiseInKernelMax || m.down.out != m.dim || m.shared_down.out != m.dim ||
-      !aligned(m.h, 16) || !aligned(m.mid, 16) || !aligned(m.shared_mid, 16) ||
-      m.gate.dtype != m.up.dtype || m.gate.q8s != m.up.q8s ||
-      m.shared_gate.dtype != m.shared_up.dtype || m.shared_gate.q8s != m.shared_up.q8s)
-    return false;
-  // The routed experts' gate / up beside the shared expert's (which zeroes out for the second
-  // launch), then the routed down summed over the pairs beside the shared down times its gate,
-  // both adding into out.
-  ResidentArgs gu = gate_up_args(m.gate, m.up, m.h, m.dim, m.mid);
-  gu.expert_bytes[0] = m.gate.expert_bytes;
-  gu.expert_bytes[1] = m.up.expert_bytes;
-  gu.ff = m.ff;
-  gu.total_rows = int64_t{k} * m.ff;
-  gu.ids = m.ids;
-  gu.n_expert = m.gate.n_expert;
-  gu.zero = m.out;
-  gu.zero_n = m.dim;
-  ResidentArgs sgu = gate_up_args(m.shared_gate, m.shared_up, m.h, m.dim, m.shared_mid);
-  sgu.total_rows = m.shared_ff;
-  ResidentArgs down = down_args(m.down, m.ids, m.mid, int64_t{k} * m.ff, m.out);
-  down.k = k;
-  down.weights = m.weights;
-  down.add_out = true;
-  ResidentArgs sdown{};
-  sdown.n_jobs = 1;
-  sdown.data[0] = m.shared_down.data;
-  sdown.row_bytes[0] = m.shared_down.row_bytes;
-  sdown.y[0] = m.out;
-  sdown.first_row[1] = sdown.total_rows = m.dim;
-  sdown.x = m.shared_mid;
-  sdown.in = static_cast<int>(m.shared_ff);
-  sdown.add_out = true;
-  sdown.out_scale = m.shared_scale;
-  const ResidentPlan p_gu = resident_plan<kResExperts>(m.gate, gu);
-  const ResidentPlan p_sgu = resident_plan<kResSwiglu>(m.shared_gate, sgu);
-  const ResidentPlan p_down = resident_plan<kResCombine>(m.down, down);
-  const ResidentPlan p_sdown = resident_plan<kResJobs>(m.shared_down, sdown);
-  // Every part in blocks of 8 warps (S x R).
-  for (const auto& [plan, a] : {std::pair{p_gu, &gu}, std::pair{p_sgu, &sgu},
-                                std::pair{p_down, &down}, std::pair{p_sdown, &sdown}}) {
-    if (plan.kind == kResNone || kResRowWarps % plan.shape.slices != 0) return false;
-    a->slices = plan.shape.slices;
-    a->row_lanes = kResRowWarps / plan.shape.slices;
-  }
+  MoeRowParts p;
+  if (!moe_row_parts(m, p)) return false;
   // Only the pairing measured faster than the two streams: the official Q4_K_M table's routed
   // Q4_K with a Q8_0 shared expert (35B-A3B +2.6-3.3% on an H100). Q8_0 throughout measured
   // slower (35B-A3B Q8_0: 340 / 347 against 394 / 392 tok/s), so it keeps the two streams, as
   // every other pairing does.
   const auto first = [&](bool go) {
-    return two_if<qb::Q4K64, 1, kResExperts, qb::Q80S, 1, kResSwiglu>(p_gu, p_sgu, gu, sgu, go,
-                                                                      stream);
+    return two_if<qb::Q4K64, 1, kResExperts, qb::Q80S, 1, kResSwiglu>(p.p_gu, p.p_sgu, p.gu, p.sgu,
+                                                                      go, stream);
   };
   const auto second = [&](bool go) {
-    return two_if<qb::Q4K64, 2, kResCombine, qb::Q80S, 1, kResJobs>(p_down, p_sdown, down, sdown,
-                                                                    go, stream);
+    return two_if<qb::Q4K64, 2, kResCombine, qb::Q80S, 1, kResJobs>(p.p_down, p.p_sdown, p.down,
+                                                                    p.sdown, go, stream);
   };
   if (!first(false) || !second(false)) return false;
   if (launch) {

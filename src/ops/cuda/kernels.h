@@ -110,7 +110,10 @@ bool experts_down_combine(const Matrix& down, const int32_t* ids, const float* w
 // beside the shared expert's into shared_mid [shared ff], then out [dim] = sum_j weights[j]
 // (mid[j] @ Wd[ids[j]]^T) + *shared_scale (shared_mid @ Wsd^T). False where the resident GEMV has
 // no such pair of kernels for these types and shapes (nothing launched; launch false: only that
-// check).
+// check). With `route` (its n = 1; ids, weights, h and shared_scale those of the row), the
+// routing in front as well: moe_norm_route and the two launches as one (moe_fused.cu; false where
+// it has no kernel, or QWENRT_CUDA_MOE_FUSED=0).
+struct NormRouteArgs;
 struct MoeRow {
   Matrix gate, up, down, shared_gate, shared_up, shared_down;
   const int32_t* ids = nullptr;
@@ -122,7 +125,8 @@ struct MoeRow {
   const float* shared_scale = nullptr;
   float* out = nullptr;
 };
-bool moe_row(const MoeRow& row, bool launch, cudaStream_t stream);
+bool moe_row(const MoeRow& row, bool launch, cudaStream_t stream,
+             const NormRouteArgs* route = nullptr);
 // out [n, in] = rows tokens[0..n) of table (ref::embed_rows; ids are checked on the host).
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
                 cudaStream_t stream);

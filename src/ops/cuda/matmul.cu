@@ -765,7 +765,7 @@ bool experts_down_combine(const Matrix& down, const int32_t* ids, const float* w
                                        stream);
 }
 
-bool moe_row(const MoeRow& row, bool launch, cudaStream_t stream) {
+bool moe_row(const MoeRow& row, bool launch, cudaStream_t stream, const NormRouteArgs* route) {
   for (const Matrix* w :
        {&row.gate, &row.up, &row.down, &row.shared_gate, &row.shared_up, &row.shared_down}) {
     if (!is_quantised(w->dtype) || !has_kernel(w->dtype)) return false;
@@ -790,7 +790,7 @@ bool moe_row(const MoeRow& row, bool launch, cudaStream_t stream) {
   if (row.gate.in != a.dim || row.shared_gate.in != a.dim || row.down.in != a.ff ||
       row.shared_down.in != a.shared_ff)
     return false;
-  return resident_moe_row(a, launch, stream);
+  return route ? resident_moe_fused(a, *route, launch, stream) : resident_moe_row(a, launch, stream);
 }
 
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,

@@ -202,6 +202,9 @@ struct MoeRowArgs {
   float* out;
 };
 bool resident_moe_row(const MoeRowArgs& m, bool launch, cudaStream_t stream);
+// The same with the routing in front, in one launch (moe_fused.cu).
+bool resident_moe_fused(const MoeRowArgs& m, const NormRouteArgs& route, bool launch,
+                        cudaStream_t stream);
 
 // ---- gemm.cu: prefill GEMM on cuBLAS (weights expanded a chunk of rows at a time) ----
 // Whether a matmul of n rows of W runs as a GEMM (n >= QWENRT_CUDA_GEMM_ROWS, default 32; 0: never;
