@@ -173,12 +173,6 @@ void mmq_experts(const Matrix& gate, const Matrix& up, const Matrix& down, const
                  cudaStream_t stream);
 // QWENRT_CUDA_MOE_MMQ=0 keeps the bf16 grouped kernels (read per call).
 bool mmq_experts_enabled();
-// Whether the int8 GEMM (grouped and dense) stages its weights through shared memory with its
-// activations (types other than Q6_K): QWENRT_CUDA_MMQ_STAGE_W=1, off by default; tests and
-// benchmarks set it here (the results are the same bit for bit either way).
-namespace mm {
-void set_mmq_stage_weights(bool on);
-}  // namespace mm
 
 // ---- L2 prefetch (prefetch.cu) ----
 // Asks for [p, p + bytes) to be brought into L2 (device memory; no completion to wait for). A

@@ -24,7 +24,6 @@
 // Staged rows are 288 bytes apart (256 + 32): lane (g, t) reads 8 bytes at row g, byte 8t + 32j,
 // so the 32 lanes cover all 32 banks twice (the least for 256 bytes).
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -96,22 +95,12 @@ struct MmqArgs {
 
 // W = 8: one block an SM (~190 registers), the next superblock's weights loaded during this one's
 // products. W = 4: three blocks an SM (registers capped at 170), no weight prefetch.
-// kStageW: the weights of the block's rows come through shared memory too, copied by cp.async
-// with the activations one superblock ahead (dynamic shared memory [2][W * 16][T::kBytes]), so a
-// superblock's products no longer wait on its weights' trip to DRAM (ncu: the register-loaded form
-// walks a row at ~2 us a superblock, bench/results/h100-batched-decode-2026-12-06.md). Types
-// whose superblocks are whole 16-byte runs (not Q6_K). The same bytes and products: the results
-// equal the register-loaded form's bit for bit.
-template <class T, int NT, bool kSwiGlu, int W, bool kStageW = false>
+template <class T, int NT, bool kSwiGlu, int W>
 __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
     mmq_kernel(const __grid_constant__ MmqArgs a) {
   constexpr int R = 8 * NT, kThreads = W * 32, kHalf = W / 2;
   constexpr int kSwigluCols = swiglu_cols<W>(), kDownRows = down_rows<W>();
-  constexpr bool kPrefetch = W == 8 && !kStageW;
-  constexpr int kRowsW = W * kWarpRows;  // weight rows a block
-  static_assert(!kStageW || T::kBytes % 16 == 0, "staged weights are whole 16-byte runs");
-  extern __shared__ uint4 s_wraw[];  // kStageW: [2][kRowsW][T::kBytes]
-  uint8_t* s_w = reinterpret_cast<uint8_t*>(s_wraw);
+  constexpr bool kPrefetch = W == 8;
   const ExpertOrder& o = a.order;
   const int tile = blockIdx.x;
   const bool dense = a.dense_n > 0;
@@ -152,8 +141,8 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
   const int64_t row0 = first_row(warp);
   const uint8_t* wbase = matrix(warp);
   // Rows past the end read the last row (their outputs are not written).
-  [[maybe_unused]] const uint8_t* w0 = wbase + min(row0 + g, a.out - 1) * a.row_bytes;
-  [[maybe_unused]] const uint8_t* w1 = wbase + min(row0 + g + 8, a.out - 1) * a.row_bytes;
+  const uint8_t* w0 = wbase + min(row0 + g, a.out - 1) * a.row_bytes;
+  const uint8_t* w1 = wbase + min(row0 + g + 8, a.out - 1) * a.row_bytes;
   const int64_t in = a.a.in, nb = in / qb::kActBlock, n_sb = in / kSuperElems;
 
   // Superblock sb of the tile's rows into buffer `buf` (rows past `rows` zero-filled): per row 16
@@ -173,24 +162,12 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
         cp_async16(&s.s[r][4 * (c - 18)], a.a.s + row * nb + sb * kBlocks + 4 * (c - 18), ok);
       }
     }
-    if constexpr (kStageW) {
-      // Row r of the block is row r % 16 of warp r / 16's tile (its matrix, its first row).
-      constexpr int kChunks = T::kBytes / 16;
-      for (int i = threadIdx.x; i < kRowsW * kChunks; i += kThreads) {
-        const int r = i / kChunks, c = i % kChunks, wr = r / kWarpRows;
-        const uint8_t* src = matrix(wr) +
-                             min(first_row(wr) + r % kWarpRows, a.out - 1) * a.row_bytes +
-                             sb * T::kBytes + 16 * c;
-        cp_async16(s_w + (int64_t{buf} * kRowsW + r) * T::kBytes + 16 * c, src, true);
-      }
-    }
     cp_async_commit();
   };
 
   float acc[NT][4] = {};
   stage(0, 0);
-  typename T::Raw raw{};
-  if constexpr (!kStageW) raw = T::load(w0, w1, t);
+  typename T::Raw raw = T::load(w0, w1, t);
   for (int64_t sb = 0; sb < n_sb; ++sb) {
     const int buf = static_cast<int>(sb & 1);
     const bool more = sb + 1 < n_sb;
@@ -203,11 +180,7 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
     __syncthreads();
     const Stage<R>& s = st[buf];
     const ActLane al{&s.q[g][0], &s.d[2 * t][0], &s.s[2 * t][0], 8 * kQStride, kBlocks};
-    if constexpr (kStageW) {
-      const uint8_t* ws = s_w + (int64_t{buf} * kRowsW + warp * kWarpRows) * T::kBytes;
-      raw = T::load(ws + g * T::kBytes, ws + (g + 8) * T::kBytes, t);
-      T::template compute<NT>(raw, 0, t, al, acc);
-    } else if constexpr (kPrefetch) {
+    if constexpr (kPrefetch) {
       typename T::Raw next = raw;
       if (more) next = T::load(w0 + (sb + 1) * T::kBytes, w1 + (sb + 1) * T::kBytes, t);
       T::template compute<NT>(raw, 0, t, al, acc);
@@ -275,34 +248,8 @@ bool type_fits(const Matrix& w) {
   return mm::aligned(w.data, need) && w.row_bytes % need == 0 && w.expert_bytes % need == 0;
 }
 
-// Whether the kernels stage the weights through shared memory too (mmq_kernel's kStageW), where
-// the type allows: QWENRT_CUDA_MMQ_STAGE_W=1 (off by default: not measured yet), or
-// mm::set_mmq_stage_weights.
-std::atomic<int> g_stage_weights{-1};  // -1: from the environment
-bool stage_weights() {
-  int v = g_stage_weights.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("QWENRT_CUDA_MMQ_STAGE_W");
-    v = e != nullptr && std::string(e) == "1" ? 1 : 0;
-    g_stage_weights.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
-// One kernel with its dynamic shared memory (the staged weights; the attribute set per call: a
-// few hundred nanoseconds, and only on this path).
 template <class T, int NT, bool kSwiGlu, int W>
 void launch_kernel(const MmqArgs& a, dim3 grid, cudaStream_t stream) {
-  if constexpr (T::kBytes % 16 == 0) {
-    if (stage_weights()) {
-      auto* kernel = mmq_kernel<T, NT, kSwiGlu, W, true>;
-      const int smem = 2 * W * kWarpRows * T::kBytes;
-      QWENRT_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      kernel<<<grid, W * 32, smem, stream>>>(a);
-      return;
-    }
-  }
   mmq_kernel<T, NT, kSwiGlu, W><<<grid, W * 32, 0, stream>>>(a);
 }
 
@@ -460,10 +407,6 @@ MmqArgs dense_args(const MatArg& w, const Acts& a, int64_t n) {
 }
 
 }  // namespace
-
-void set_mmq_stage_weights(bool on) {
-  g_stage_weights.store(on ? 1 : 0, std::memory_order_relaxed);
-}
 
 bool mmq_dense_rows(int64_t n) {
   static const std::pair<int64_t, int64_t> range = dense_range();
