@@ -112,7 +112,7 @@ bool experts_down_combine(const Matrix& down, const int32_t* ids, const float* w
 // no such pair of kernels for these types and shapes (nothing launched; launch false: only that
 // check). With `route` (its n = 1; ids, weights, h and shared_scale those of the row), the
 // routing in front as well: moe_norm_route and the two launches as one (moe_fused.cu; false where
-// it has no kernel, or QWENRT_CUDA_MOE_FUSED=0).
+// it has no kernel; off unless QWENRT_CUDA_MOE_FUSED=1).
 struct NormRouteArgs;
 struct MoeRow {
   Matrix gate, up, down, shared_gate, shared_up, shared_down;

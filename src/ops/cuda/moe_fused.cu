@@ -50,16 +50,18 @@ struct FusedArgs {
 // Every block of the grid waits here until all have arrived (counter: zero before the first
 // barrier on it; `target` = blocks, the arrivals it waits for). Writes before it are visible after
 // it to every block.
+// One thread a block arrives (a release add that returns nothing) and polls with an acquire
+// load, backing off between polls so that the arrivals are not queued behind the polls.
 __device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned target) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
     unsigned seen = 0;
-    do {
+    for (;;) {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-    } while (seen < target);
-    __threadfence();
+      if (seen >= target) break;
+      __nanosleep(64);
+    }
   }
   __syncthreads();
 }
@@ -189,10 +191,12 @@ size_t res_smem(const FusedArgs& f) {
                    TwoPart<qb::Q80S, kResJobs>{f.sdown}.smem(f.sdown.max_groups)});
 }
 
-// QWENRT_CUDA_MOE_FUSED=0: the two-launch path (read per call: tests switch it).
-bool fused_off() {
+// QWENRT_CUDA_MOE_FUSED=1 turns it on (read per call: tests switch it); off by default: it
+// measured slower than the three launches (35B-A3B 344 against 421 tok/s on an H100 with the
+// first barrier, bench/results/h100-moe-fused-2026-12-06.md).
+bool fused_on() {
   const char* v = std::getenv("QWENRT_CUDA_MOE_FUSED");
-  return v && v[0] == '0';
+  return v && v[0] == '1';
 }
 
 template <int NV, int kPerLane>
@@ -244,7 +248,7 @@ bool launch_fused(FusedArgs f, bool launch, cudaStream_t stream) {
 bool resident_moe_fused(const MoeRowArgs& m, const NormRouteArgs& r, bool launch,
                         cudaStream_t stream) {
   MoeRowParts p;
-  if (fused_off() || r.n != 1 || !norm_route_fits(r) || r.k > 32 || r.dim != m.dim ||
+  if (!fused_on() || r.n != 1 || !norm_route_fits(r) || r.k > 32 || r.dim != m.dim ||
       r.h != m.h || r.ids != m.ids || r.weights != m.weights || r.shared_scale != m.shared_scale ||
       r.gate_inp == nullptr || !moe_row_parts(m, p))
     return false;
@@ -253,13 +257,10 @@ bool resident_moe_fused(const MoeRowArgs& m, const NormRouteArgs& r, bool launch
       !plan_is<qb::Q4K64, 2>(p.p_down) || !plan_is<qb::Q80S, 1>(p.p_sdown))
     return false;
   const FusedArgs f{.r = r, .gu = p.gu, .sgu = p.sgu, .down = p.down, .sdown = p.sdown};
-  // One row of 1024 or 2048 (the 35B-A3B's: wider rows need more units a lane than the kernel's
-  // pairing reads with) and 129..256 experts (the family's checkpoints of those widths have
-  // 256); others take the two-launch path.
-  const int64_t nv = r.dim / (4 * kRouteThreads);
-  if (r.n_expert <= 128 || r.n_expert > 256) return false;
-  return nv == 1 ? launch_fused<1, 8>(f, launch, stream)
-                 : nv == 2 && launch_fused<2, 8>(f, launch, stream);
+  // Rows of 2048 (the 35B-A3B's; the two-launch pairing takes no other width of the family) and
+  // 129..256 experts; others take the two-launch path.
+  if (r.dim != 2048 || r.n_expert <= 128 || r.n_expert > 256) return false;
+  return launch_fused<2, 8>(f, launch, stream);
 }
 
 }  // namespace qwenrt::ops::cuda::mm
