@@ -502,7 +502,8 @@ cuda::HostWeight tiled_experts(DType t, int64_t in, int64_t out, int64_t n_mat, 
   cuda::HostWeight w = cuda::make_weight(t, in, out, distinct, rng);
   const std::vector<uint8_t> one = w.bytes;
   w.bytes.clear();
-  for (int64_t i = 0; i < n_mat / distinct; ++i) w.bytes.insert(w.bytes.end(), one.begin(), one.end());
+  for (int64_t i = 0; i < n_mat / distinct; ++i)
+    w.bytes.insert(w.bytes.end(), one.begin(), one.end());
   w.view = TensorView::contiguous(t, 3, {in, out, n_mat, 1}, w.bytes.data());
   return w;
 }
@@ -529,9 +530,12 @@ TEST(CudaMoe, FusedDecodeRowEqualsTheLaunchesItReplaces) {
         cuda::place_weight(tiled_experts(DType::Q4_K, dim, ff, n_expert, 8, rng), false);
     const cuda::PlacedWeight down =
         cuda::place_weight(tiled_experts(DType::Q4_K, ff, dim, n_expert, 8, rng), false);
-    const cuda::PlacedWeight sg = cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
-    const cuda::PlacedWeight su = cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
-    const cuda::PlacedWeight sd = cuda::place_weight(cuda::make_weight(DType::Q8_0, sff, dim, 1, rng), true);
+    const cuda::PlacedWeight sg =
+        cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
+    const cuda::PlacedWeight su =
+        cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
+    const cuda::PlacedWeight sd =
+        cuda::place_weight(cuda::make_weight(DType::Q8_0, sff, dim, 1, rng), true);
     std::vector<float> norm(dim), router(n_expert * dim), gate_inp(dim);
     for (auto& v : norm) v = 1.0f + 0.1f * normal(rng);
     for (auto& v : router) v = 0.05f * normal(rng);
@@ -597,8 +601,7 @@ TEST(CudaMoe, FusedDecodeRowEqualsTheLaunchesItReplaces) {
                              .out = p.out->f()};
         return p;
       };
-      const std::string at =
-          std::to_string(dim) + " wide" + (nan_row ? ", a NaN in the row" : "");
+      const std::string at = std::to_string(dim) + " wide" + (nan_row ? ", a NaN in the row" : "");
       Path want = make_path();
       cuda::moe_norm_route(want.a, nullptr);
       ASSERT_TRUE(cuda::moe_row(want.row, true, nullptr)) << at;

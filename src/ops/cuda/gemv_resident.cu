@@ -8,8 +8,8 @@
 
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/check.h"
-#include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/gemv_resident.cuh"
+#include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 
@@ -155,11 +155,10 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
   }
   if (S > 1) {
     asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
-    resident_store_partials<MODE>(a, a.ids, part, part_stride, threadIdx.x, 32 * consumers, blockIdx.x,
-                                  gridDim.x);
+    resident_store_partials<MODE>(a, a.ids, part, part_stride, threadIdx.x, 32 * consumers,
+                                  blockIdx.x, gridDim.x);
   }
 }
-
 
 // kernel<<<(grid, grid_y), threads, smem, stream>>>(a), with programmatic stream serialization
 // where pdl_on(), whatever the grid (a persistent grid is what fits on the GPU at once).
@@ -169,7 +168,6 @@ void launch_pdl(Kernel* kernel, int64_t grid, int threads, size_t smem, cudaStre
   launch_with_pdl(pdl_on(), kernel, dim3(static_cast<unsigned>(grid), grid_y),
                   dim3(static_cast<unsigned>(threads)), smem, stream, a);
 }
-
 
 template <class T, int UPL, int MODE>
 void launch_resident(ResidentArgs a, cudaStream_t stream, unsigned pairs = 1) {
@@ -262,7 +260,6 @@ void launch_gemv(const ResidentArgs& a, cudaStream_t stream, unsigned pairs) {
   if (!launch_stream<T, UPL, MODE>(a, stream)) launch_resident<T, UPL, MODE>(a, stream, pairs);
 }
 
-
 // The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
 // none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
 template <int MODE>
@@ -327,7 +324,6 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
   return true;
 }
 
-
 // Shares the blocks that fit between the parts by their weight bytes (at least one each, at most
 // a part's row groups) and launches.
 template <class T1, int U1, int M1, class T2, int U2, int M2>
@@ -356,7 +352,6 @@ bool two_if(const ResidentPlan& p1, const ResidentPlan& p2, const ResidentArgs& 
   if (launch) launch_two<T1, U1, M1, T2, U2, M2>(a1, a2, stream);
   return true;
 }
-
 
 }  // namespace
 

@@ -177,9 +177,8 @@ __device__ __forceinline__ void resident_store(const ResidentArgs& a, int64_t r,
 // of n.
 template <int MODE>
 __device__ __forceinline__ void resident_store_partials(const ResidentArgs& a, const int32_t* ids,
-                                                        const float* part,
-                                                        int part_stride, int tid, int n, int bx,
-                                                        int gx) {
+                                                        const float* part, int part_stride, int tid,
+                                                        int n, int bx, int gx) {
   constexpr int NM = resident_mats<MODE>();
   const int S = a.slices, R = a.row_lanes;
   for (int l = tid; l < part_stride; l += n) {
@@ -302,8 +301,7 @@ struct LaneActs {
 // 0 where the unit is past the row). The token's ids are in range (combine_ids_ok).
 template <class T, int UPL>
 __device__ __forceinline__ void combine_offsets(const ResidentArgs& a, const int32_t* ids, int u0,
-                                                int n_units,
-                                                int64_t (&off)[UPL]) {
+                                                int n_units, int64_t (&off)[UPL]) {
   const int sb_per_pair = a.in / a.k / T::kElems;
 #pragma unroll
   for (int i = 0; i < UPL; ++i) {
@@ -318,8 +316,7 @@ __device__ __forceinline__ void combine_offsets(const ResidentArgs& a, const int
 
 template <class T, int UPL, int MODE>
 __device__ __forceinline__ bool resident_load(const ResidentArgs& a, const int32_t* ids, int64_t r,
-                                              int u0, int j,
-                                              int n_units,
+                                              int u0, int j, int n_units,
                                               typename T::Unit (&w)[resident_mats<MODE>()][UPL],
                                               const int64_t (&unit_off)[UPL]) {
   constexpr int NM = resident_mats<MODE>();
@@ -630,7 +627,8 @@ TwoSplit split_two(ResidentArgs& a1, ResidentArgs& a2, int64_t total) {
 }
 
 // The arguments of the two-matrix modes: gate and up rows side by side, y the SwiGLU output.
-inline ResidentArgs gate_up_args(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y) {
+inline ResidentArgs gate_up_args(const MatArg& g, const MatArg& u, const float* x, int64_t in,
+                                 float* y) {
   ResidentArgs a{};
   a.data[0] = g.data;
   a.data[1] = u.data;
@@ -643,7 +641,8 @@ inline ResidentArgs gate_up_args(const MatArg& g, const MatArg& u, const float* 
 }
 
 // The arguments of the routed down modes: rows of expert ids[.]'s down against rows of x of `in`.
-inline ResidentArgs down_args(const MatArg& d, const int32_t* ids, const float* x, int64_t in, float* y) {
+inline ResidentArgs down_args(const MatArg& d, const int32_t* ids, const float* x, int64_t in,
+                              float* y) {
   ResidentArgs a{};
   a.data[0] = d.data;
   a.row_bytes[0] = d.row_bytes;

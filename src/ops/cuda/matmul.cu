@@ -790,7 +790,8 @@ bool moe_row(const MoeRow& row, bool launch, cudaStream_t stream, const NormRout
   if (row.gate.in != a.dim || row.shared_gate.in != a.dim || row.down.in != a.ff ||
       row.shared_down.in != a.shared_ff)
     return false;
-  return route ? resident_moe_fused(a, *route, launch, stream) : resident_moe_row(a, launch, stream);
+  return route ? resident_moe_fused(a, *route, launch, stream)
+               : resident_moe_row(a, launch, stream);
 }
 
 void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,

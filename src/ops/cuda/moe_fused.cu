@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/gemv_resident.cuh"
@@ -45,6 +46,9 @@ struct FusedArgs {
   ResidentArgs gu, sgu, down, sdown;
   int b1 = 0, c1 = 0;  // blocks of the routed parts in B and C
   int res_bytes = 0;   // the resident bodies' shared memory; h, ids and weights after it
+  // Timing only (QWENRT_CUDA_MOE_FUSED_DROP, the output is wrong): kDropBarriers skips both grid
+  // barriers, kDropRouting gives every block fixed ids and weights instead of routing.
+  int drop = 0;
 };
 
 // Every block of the grid waits here until all have arrived (counter: zero before the first
@@ -66,10 +70,15 @@ __device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned target)
   __syncthreads();
 }
 
+constexpr int kDropBarriers = 1, kDropRouting = 2;
+
 struct GridWait {
   unsigned* counter;
   unsigned target;
-  __device__ __forceinline__ void operator()() const { grid_barrier(counter, target); }
+  bool skip;
+  __device__ __forceinline__ void operator()() const {
+    if (!skip) grid_barrier(counter, target);
+  }
 };
 
 template <int NV, int kPerLane>
@@ -79,8 +88,8 @@ __global__ void __launch_bounds__(kResRowWarps * 32, 2)
   const NormRouteArgs& r = a.r;
   const int64_t dim4 = r.dim / 4;
   auto* s_h = reinterpret_cast<float4*>(smem + a.res_bytes);  // [dim4]
-  auto* s_ids = reinterpret_cast<int32_t*>(s_h + dim4);        // [32]
-  auto* s_w = reinterpret_cast<float*>(s_ids + 32);            // [32]
+  auto* s_ids = reinterpret_cast<int32_t*>(s_h + dim4);       // [32]
+  auto* s_w = reinterpret_cast<float*>(s_ids + 32);           // [32]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const unsigned blocks = gridDim.x;
   pdl_launch_dependents();
@@ -111,7 +120,7 @@ __global__ void __launch_bounds__(kResRowWarps * 32, 2)
       }
     }
   }
-  grid_barrier(r.counters, blocks);
+  if (!(a.drop & kDropBarriers)) grid_barrier(r.counters, blocks);
 
   // B: every block has read x and delta; block 0 writes x and h.
   if (blockIdx.x == 0) {
@@ -125,7 +134,12 @@ __global__ void __launch_bounds__(kResRowWarps * 32, 2)
     }
   }
   const auto route = [&]() {
-    if (warp == 0) {
+    if ((a.drop & kDropRouting) && blockIdx.x != 0) {
+      if (int(threadIdx.x) < r.k) {
+        s_ids[threadIdx.x] = static_cast<int32_t>((threadIdx.x * 37 + 11) % r.n_expert);
+        s_w[threadIdx.x] = 1.0f / float(r.k);
+      }
+    } else if (warp == 0) {
       route_row_warp<kPerLane>(r.logits, r.n_expert, r.k, s_ids, s_w,
                                blockIdx.x == 0 ? r.prefetch : ExpertPrefetch{});
     }
@@ -148,10 +162,10 @@ __global__ void __launch_bounds__(kResRowWarps * 32, 2)
   __syncthreads();  // the shared memory of B is C's
 
   // C: the downs, their first weights loaded before the barrier that makes mid whole.
-  const GridWait mid_ready{r.counters + 1, blocks};
+  const GridWait mid_ready{r.counters + 1, blocks, (a.drop & kDropBarriers) != 0};
   if (int(blockIdx.x) < a.c1) {
-    resident_body<qb::Q4K64, 2, kResCombine, true>(a.down, {a.down.x, s_ids, s_w}, blockIdx.x,
-                                                   a.c1, smem, mid_ready);
+    resident_body<qb::Q4K64, 2, kResCombine, true>(a.down, {a.down.x, s_ids, s_w}, blockIdx.x, a.c1,
+                                                   smem, mid_ready);
   } else {
     resident_body<qb::Q80S, 1, kResJobs, true>(a.sdown, inputs_of(a.sdown), blockIdx.x - a.c1,
                                                blocks - a.c1, smem, mid_ready);
@@ -175,9 +189,9 @@ template <class T1, int M1, class T2, int M2>
 int split_fill(ResidentArgs& a1, ResidentArgs& a2, int64_t total) {
   const TwoPart<T1, M1> p1{a1};
   const TwoPart<T2, M2> p2{a2};
-  const int64_t b = std::clamp<int64_t>(
-      std::llround(double(total) * p1.bytes() / (p1.bytes() + p2.bytes())), 1,
-      std::min(p1.groups(), total - 1));
+  const int64_t b =
+      std::clamp<int64_t>(std::llround(double(total) * p1.bytes() / (p1.bytes() + p2.bytes())), 1,
+                          std::min(p1.groups(), total - 1));
   a1.max_groups = static_cast<int>((p1.groups() + b - 1) / b);
   a2.max_groups = static_cast<int>((p2.groups() + (total - b) - 1) / (total - b));
   return static_cast<int>(b);
@@ -207,16 +221,15 @@ bool launch_fused(FusedArgs f, bool launch, cudaStream_t stream) {
     int dev = 0, optin = 0;
     cudaFuncAttributes fa{};
     QWENRT_CUDA_CHECK(cudaGetDevice(&dev));
-    QWENRT_CUDA_CHECK(
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    QWENRT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     QWENRT_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
     return size_t(optin) - fa.sharedSizeBytes;
   }();
   const size_t extra = size_t(f.r.dim) * 4 + 64 * 4;  // h, ids and weights
   const auto fits = [&](size_t smem) {
     int per_sm = 0;
-    QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                                    kResRowWarps * 32, smem));
+    QWENRT_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kResRowWarps * 32, smem));
     return int64_t{per_sm} * sm_count();
   };
   QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -237,8 +250,8 @@ bool launch_fused(FusedArgs f, bool launch, cudaStream_t stream) {
     total = resident;
   }
   if (launch) {
-    launch_with_pdl(pdl_on(), kernel, dim3(static_cast<unsigned>(total)),
-                    dim3(kResRowWarps * 32), smem, stream, f);
+    launch_with_pdl(pdl_on(), kernel, dim3(static_cast<unsigned>(total)), dim3(kResRowWarps * 32),
+                    smem, stream, f);
   }
   return true;
 }
@@ -248,15 +261,20 @@ bool launch_fused(FusedArgs f, bool launch, cudaStream_t stream) {
 bool resident_moe_fused(const MoeRowArgs& m, const NormRouteArgs& r, bool launch,
                         cudaStream_t stream) {
   MoeRowParts p;
-  if (!fused_on() || r.n != 1 || !norm_route_fits(r) || r.k > 32 || r.dim != m.dim ||
-      r.h != m.h || r.ids != m.ids || r.weights != m.weights || r.shared_scale != m.shared_scale ||
+  if (!fused_on() || r.n != 1 || !norm_route_fits(r) || r.k > 32 || r.dim != m.dim || r.h != m.h ||
+      r.ids != m.ids || r.weights != m.weights || r.shared_scale != m.shared_scale ||
       r.gate_inp == nullptr || !moe_row_parts(m, p))
     return false;
   // The pairing resident_moe_row takes (routed Q4_K, shared Q8_0), the kernel's only one.
   if (!plan_is<qb::Q4K64, 1>(p.p_gu) || !plan_is<qb::Q80S, 1>(p.p_sgu) ||
       !plan_is<qb::Q4K64, 2>(p.p_down) || !plan_is<qb::Q80S, 1>(p.p_sdown))
     return false;
-  const FusedArgs f{.r = r, .gu = p.gu, .sgu = p.sgu, .down = p.down, .sdown = p.sdown};
+  FusedArgs f{.r = r, .gu = p.gu, .sgu = p.sgu, .down = p.down, .sdown = p.sdown};
+  if (const char* d = std::getenv("QWENRT_CUDA_MOE_FUSED_DROP")) {
+    const std::string drop = d;
+    f.drop = (drop.find("barriers") != std::string::npos ? kDropBarriers : 0) |
+             (drop.find("routing") != std::string::npos ? kDropRouting : 0);
+  }
   // Rows of 2048 (the 35B-A3B's; the two-launch pairing takes no other width of the family) and
   // 129..256 experts; others take the two-launch path.
   if (r.dim != 2048 || r.n_expert <= 128 || r.n_expert > 256) return false;
