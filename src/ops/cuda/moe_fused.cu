@@ -5,7 +5,10 @@
 // The same work otherwise takes three launches (moe.cu's norm_route_kernel, then
 // gemv_resident.cu's two resident_two_kernel launches), each paying a kernel boundary and a
 // ramp: on an H100 the three took 26.5 us a 35B-A3B layer for 19.6 MB of weights (6 us of
-// bandwidth; bench/results/h100-batched-decode-2026-12-06.md). Here:
+// bandwidth). Measured, this kernel is slower (38.6 us; 35B-A3B 354 against 431 tok/s): its two
+// barriers cost 3.1 us, the routing in every routed block 6.2 us, and its GEMV phases under one
+// 128-register kernel ~3 us more (bench/results/h100-moe-fused-2026-12-06.md). Off by default
+// (QWENRT_CUDA_MOE_FUSED=1). Here:
 // - A: every block forms x + delta and its norm h in shared memory (norm_route_kernel's
 //   arithmetic: h bit for bit), then warp w of block b computes router row w * blocks + b (and
 //   the shared expert's gate as row n_expert), each row one warp's dot4_warp as there. Barrier.
