@@ -198,8 +198,9 @@ TEST(CudaEndToEnd, BatchedDecodeEqualsDecodeAlone) {
 
 // A prompt prefilled beside others gives the logits it gives alone: the prefill kernels (GEMMs,
 // flash attention, chunked delta rule) compute a span's rows from that span only. Spans of 65+
-// rows take the same GEMMs alone and together: bit-identical (rel L2 0 measured on the H200 for
-// all three trained models, flash and chunked on or off). Spans of 33..64 rows alone take the
+// rows take the same GEMMs alone and together: bit-identical on the dense models (rel L2 0 on an
+// H100; spans of 33..39 gave 0 on the H200 for all three models, flash and chunked on or off,
+// before the int8 GEMM took 33..64 rows). Spans of 33..64 rows alone take the
 // dense int8 GEMM (matmul.cu, mm::mmq_dense) and the three together (108+ rows) cuBLAS on bf16
 // weights: within the int8 activations' rounding (rel L2 3.5e-3 .. 4.2e-3 measured on an H100).
 // The MoE model's spans of 66+ rows differ by 4.6e-3 .. 1.5e-2 (H100): within the int8 bound

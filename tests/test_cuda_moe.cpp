@@ -43,6 +43,13 @@ using testing_support::rel_l2;
 // (tests/test_cpu_moe.cpp measured 1.6e-2 .. 1.9e-2 there); a wrong row or expert gives > 1e-1.
 constexpr double kTol = 3e-2;
 
+// The first `count` floats of b as their bit patterns (bit-for-bit comparisons).
+std::vector<uint32_t> device_bits(const cuda::DeviceBuffer& b, int64_t count) {
+  std::vector<uint32_t> v(count);
+  EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
 // A case's random weights: `tensors` owns their bytes, `host` views them.
 struct CaseWeights {
   std::vector<Tensor> tensors;
@@ -239,21 +246,16 @@ TEST(CudaMoe, NormFoldedIntoRoutingEqualsTheKernelsItReplaces) {
       cuda::moe_route(logits->f(), n, n_expert, k, static_cast<int32_t*>(want_ids->ptr),
                       want_w->f(), want_h->f(), sh.gate ? d_gate->f() : nullptr, dim,
                       want_scale->f(), nullptr);
-      const auto bits = [](const cuda::DeviceBuffer& b, int64_t count) {
-        std::vector<uint32_t> v(count);
-        EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        return v;
-      };
       const std::string at = std::to_string(dim) + " wide, " + std::to_string(n_expert) +
                              " experts, " + std::to_string(n) + " rows";
-      EXPECT_EQ(bits(*got_x, n * dim), bits(*want_x, n * dim)) << "x, " << at;
-      EXPECT_EQ(bits(*got_h, n * dim), bits(*want_h, n * dim)) << "h, " << at;
-      EXPECT_EQ(bits(*ids, n * k), bits(*want_ids, n * k)) << "ids, " << at;
-      EXPECT_EQ(bits(*weights, n * k), bits(*want_w, n * k)) << "weights, " << at;
+      EXPECT_EQ(device_bits(*got_x, n * dim), device_bits(*want_x, n * dim)) << "x, " << at;
+      EXPECT_EQ(device_bits(*got_h, n * dim), device_bits(*want_h, n * dim)) << "h, " << at;
+      EXPECT_EQ(device_bits(*ids, n * k), device_bits(*want_ids, n * k)) << "ids, " << at;
+      EXPECT_EQ(device_bits(*weights, n * k), device_bits(*want_w, n * k)) << "weights, " << at;
       if (sh.gate) {
-        EXPECT_EQ(bits(*scale, n), bits(*want_scale, n)) << "shared gate, " << at;
+        EXPECT_EQ(device_bits(*scale, n), device_bits(*want_scale, n)) << "shared gate, " << at;
       }
-      EXPECT_EQ(bits(*counters, cuda::kNormRouteMaxRows),
+      EXPECT_EQ(device_bits(*counters, cuda::kNormRouteMaxRows),
                 std::vector<uint32_t>(cuda::kNormRouteMaxRows, 0))
           << "counters, " << at;
       const std::vector<float> h = cuda::to_host(*got_h, n * dim);
@@ -271,11 +273,11 @@ TEST(CudaMoe, NormFoldedIntoRoutingEqualsTheKernelsItReplaces) {
       }
       EXPECT_LT(worst, 1e-6) << "logits, " << at;
       // Again on the same buffers (a replay): x moves on by delta once more, the rest follows.
-      const std::vector<uint32_t> first_ids = bits(*ids, n * k);
+      const std::vector<uint32_t> first_ids = device_bits(*ids, n * k);
       ASSERT_EQ(cudaMemcpy(got_x->ptr, x.data(), n * dim * 4, cudaMemcpyHostToDevice), cudaSuccess);
       cuda::moe_norm_route(a, nullptr);
-      EXPECT_EQ(bits(*got_x, n * dim), bits(*want_x, n * dim)) << "x again, " << at;
-      EXPECT_EQ(bits(*ids, n * k), first_ids) << "ids again, " << at;
+      EXPECT_EQ(device_bits(*got_x, n * dim), device_bits(*want_x, n * dim)) << "x again, " << at;
+      EXPECT_EQ(device_bits(*ids, n * k), first_ids) << "ids again, " << at;
     }
   }
 }
@@ -523,123 +525,119 @@ TEST(CudaMoe, FusedDecodeRowEqualsTheLaunchesItReplaces) {
   const int n_expert = 256, k = 8;
   const int64_t ff = 512, sff = 512;
   testing_support::ScopedEnv fused("QWENRT_CUDA_MOE_FUSED", "1");
-  for (int64_t dim : {2048}) {
-    const cuda::PlacedWeight gate =
-        cuda::place_weight(tiled_experts(DType::Q4_K, dim, ff, n_expert, 8, rng), false);
-    const cuda::PlacedWeight up =
-        cuda::place_weight(tiled_experts(DType::Q4_K, dim, ff, n_expert, 8, rng), false);
-    const cuda::PlacedWeight down =
-        cuda::place_weight(tiled_experts(DType::Q4_K, ff, dim, n_expert, 8, rng), false);
-    const cuda::PlacedWeight sg =
-        cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
-    const cuda::PlacedWeight su =
-        cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
-    const cuda::PlacedWeight sd =
-        cuda::place_weight(cuda::make_weight(DType::Q8_0, sff, dim, 1, rng), true);
-    std::vector<float> norm(dim), router(n_expert * dim), gate_inp(dim);
-    for (auto& v : norm) v = 1.0f + 0.1f * normal(rng);
-    for (auto& v : router) v = 0.05f * normal(rng);
-    for (auto& v : gate_inp) v = 0.05f * normal(rng);
-    auto d_norm = cuda::to_device(norm.data(), dim * 4);
-    auto d_router = cuda::to_device(router.data(), router.size() * 4);
-    auto d_gate_inp = cuda::to_device(gate_inp.data(), dim * 4);
-    for (bool nan_row : {false, true}) {
-      std::vector<float> x(dim), delta(dim);
-      for (auto& v : x) v = normal(rng);
-      for (auto& v : delta) v = normal(rng);
-      if (nan_row) delta[77] = std::numeric_limits<float>::quiet_NaN();
-      auto d_delta = cuda::to_device(delta.data(), dim * 4);
-      // One path's buffers and arguments.
-      struct Path {
-        std::unique_ptr<cuda::DeviceBuffer> x, h, logits, ids, weights, scale, counters, mid, smid,
-            out;
-        cuda::NormRouteArgs a{};
-        cuda::MoeRow row{};
-      };
-      const auto make_path = [&]() {
-        Path p;
-        p.x = cuda::to_device(x.data(), dim * 4);
-        p.h = cuda::poisoned(dim);
-        p.logits = cuda::poisoned(n_expert);
-        p.ids = cuda::poisoned(k);
-        p.weights = cuda::poisoned(k);
-        p.scale = cuda::poisoned(1);
-        p.counters = cuda::to_device(std::vector<unsigned>(cuda::kNormRouteMaxRows, 0).data(),
-                                     cuda::kNormRouteMaxRows * 4);
-        p.mid = cuda::poisoned(k * ff);
-        p.smid = cuda::poisoned(sff);
-        p.out = cuda::poisoned(dim);
-        p.a.x = p.x->f();
-        p.a.delta = d_delta->f();
-        p.a.norm = d_norm->f();
-        p.a.eps = 1e-6f;
-        p.a.h = p.h->f();
-        p.a.n = 1;
-        p.a.dim = dim;
-        p.a.router = d_router->f();
-        p.a.n_expert = n_expert;
-        p.a.k = k;
-        p.a.logits = p.logits->f();
-        p.a.counters = static_cast<unsigned*>(p.counters->ptr);
-        p.a.ids = static_cast<int32_t*>(p.ids->ptr);
-        p.a.weights = p.weights->f();
-        p.a.gate_inp = d_gate_inp->f();
-        p.a.shared_scale = p.scale->f();
-        p.row = cuda::MoeRow{.gate = gate.m,
-                             .up = up.m,
-                             .down = down.m,
-                             .shared_gate = sg.m,
-                             .shared_up = su.m,
-                             .shared_down = sd.m,
-                             .ids = p.a.ids,
-                             .weights = p.a.weights,
-                             .k = k,
-                             .h = p.a.h,
-                             .mid = p.mid->f(),
-                             .shared_mid = p.smid->f(),
-                             .shared_scale = p.a.shared_scale,
-                             .out = p.out->f()};
-        return p;
-      };
-      const std::string at = std::to_string(dim) + " wide" + (nan_row ? ", a NaN in the row" : "");
-      Path want = make_path();
-      cuda::moe_norm_route(want.a, nullptr);
-      ASSERT_TRUE(cuda::moe_row(want.row, true, nullptr)) << at;
-      Path got = make_path();
-      ASSERT_TRUE(cuda::moe_row(got.row, false, nullptr, &got.a)) << at << ": no fused kernel";
-      ASSERT_TRUE(cuda::moe_row(got.row, true, nullptr, &got.a)) << at;
-      const auto bits = [](const cuda::DeviceBuffer& b, int64_t count) {
-        std::vector<uint32_t> v(count);
-        EXPECT_EQ(cudaMemcpy(v.data(), b.ptr, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        return v;
-      };
-      EXPECT_EQ(bits(*got.x, dim), bits(*want.x, dim)) << at << ": x";
-      EXPECT_EQ(bits(*got.h, dim), bits(*want.h, dim)) << at << ": h";
-      EXPECT_EQ(bits(*got.logits, n_expert), bits(*want.logits, n_expert)) << at << ": logits";
-      EXPECT_EQ(bits(*got.ids, k), bits(*want.ids, k)) << at << ": ids";
-      EXPECT_EQ(bits(*got.weights, k), bits(*want.weights, k)) << at << ": weights";
-      EXPECT_EQ(bits(*got.scale, 1), bits(*want.scale, 1)) << at << ": shared gate";
-      EXPECT_EQ(bits(*got.mid, k * ff), bits(*want.mid, k * ff)) << at << ": routed hidden";
-      EXPECT_EQ(bits(*got.smid, sff), bits(*want.smid, sff)) << at << ": shared hidden";
-      const std::vector<float> out = cuda::to_host(*got.out, dim);
-      if (nan_row) {
-        for (int64_t i = 0; i < dim; ++i) ASSERT_TRUE(std::isnan(out[i])) << at << " col " << i;
-        const std::vector<uint32_t> none(k, 0xffffffffu);  // ids -1
-        EXPECT_EQ(bits(*got.ids, k), none) << at << ": routes nowhere";
-      } else {
-        EXPECT_EQ(bits(*got.out, dim), bits(*want.out, dim)) << at << ": out";
-        const float mag = std::fabs(out[0]) + std::fabs(out[dim / 2]);
-        EXPECT_TRUE(std::isfinite(mag) && mag > 0) << at << ": out is " << out[0];
-      }
-      EXPECT_EQ(bits(*got.counters, cuda::kNormRouteMaxRows),
-                std::vector<uint32_t>(cuda::kNormRouteMaxRows, 0))
-          << at << ": counters";
-      // Again on the same buffers (a replay): x back to its start, the same results.
-      ASSERT_EQ(cudaMemcpy(got.x->ptr, x.data(), dim * 4, cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_TRUE(cuda::moe_row(got.row, true, nullptr, &got.a)) << at;
-      EXPECT_EQ(bits(*got.x, dim), bits(*want.x, dim)) << at << ": x again";
-      EXPECT_EQ(bits(*got.out, dim), bits(*want.out, dim)) << at << ": out again";
+  const int64_t dim = 2048;
+  const cuda::PlacedWeight gate =
+      cuda::place_weight(tiled_experts(DType::Q4_K, dim, ff, n_expert, 8, rng), false);
+  const cuda::PlacedWeight up =
+      cuda::place_weight(tiled_experts(DType::Q4_K, dim, ff, n_expert, 8, rng), false);
+  const cuda::PlacedWeight down =
+      cuda::place_weight(tiled_experts(DType::Q4_K, ff, dim, n_expert, 8, rng), false);
+  const cuda::PlacedWeight sg =
+      cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
+  const cuda::PlacedWeight su =
+      cuda::place_weight(cuda::make_weight(DType::Q8_0, dim, sff, 1, rng), true);
+  const cuda::PlacedWeight sd =
+      cuda::place_weight(cuda::make_weight(DType::Q8_0, sff, dim, 1, rng), true);
+  std::vector<float> norm(dim), router(n_expert * dim), gate_inp(dim);
+  for (auto& v : norm) v = 1.0f + 0.1f * normal(rng);
+  for (auto& v : router) v = 0.05f * normal(rng);
+  for (auto& v : gate_inp) v = 0.05f * normal(rng);
+  auto d_norm = cuda::to_device(norm.data(), dim * 4);
+  auto d_router = cuda::to_device(router.data(), router.size() * 4);
+  auto d_gate_inp = cuda::to_device(gate_inp.data(), dim * 4);
+  for (bool nan_row : {false, true}) {
+    std::vector<float> x(dim), delta(dim);
+    for (auto& v : x) v = normal(rng);
+    for (auto& v : delta) v = normal(rng);
+    if (nan_row) delta[77] = std::numeric_limits<float>::quiet_NaN();
+    auto d_delta = cuda::to_device(delta.data(), dim * 4);
+    // One path's buffers and arguments.
+    struct Path {
+      std::unique_ptr<cuda::DeviceBuffer> x, h, logits, ids, weights, scale, counters, mid, smid,
+          out;
+      cuda::NormRouteArgs a{};
+      cuda::MoeRow row{};
+    };
+    const auto make_path = [&]() {
+      Path p;
+      p.x = cuda::to_device(x.data(), dim * 4);
+      p.h = cuda::poisoned(dim);
+      p.logits = cuda::poisoned(n_expert);
+      p.ids = cuda::poisoned(k);
+      p.weights = cuda::poisoned(k);
+      p.scale = cuda::poisoned(1);
+      p.counters = cuda::to_device(std::vector<unsigned>(cuda::kNormRouteMaxRows, 0).data(),
+                                   cuda::kNormRouteMaxRows * 4);
+      p.mid = cuda::poisoned(k * ff);
+      p.smid = cuda::poisoned(sff);
+      p.out = cuda::poisoned(dim);
+      p.a.x = p.x->f();
+      p.a.delta = d_delta->f();
+      p.a.norm = d_norm->f();
+      p.a.eps = 1e-6f;
+      p.a.h = p.h->f();
+      p.a.n = 1;
+      p.a.dim = dim;
+      p.a.router = d_router->f();
+      p.a.n_expert = n_expert;
+      p.a.k = k;
+      p.a.logits = p.logits->f();
+      p.a.counters = static_cast<unsigned*>(p.counters->ptr);
+      p.a.ids = static_cast<int32_t*>(p.ids->ptr);
+      p.a.weights = p.weights->f();
+      p.a.gate_inp = d_gate_inp->f();
+      p.a.shared_scale = p.scale->f();
+      p.row = cuda::MoeRow{.gate = gate.m,
+                           .up = up.m,
+                           .down = down.m,
+                           .shared_gate = sg.m,
+                           .shared_up = su.m,
+                           .shared_down = sd.m,
+                           .ids = p.a.ids,
+                           .weights = p.a.weights,
+                           .k = k,
+                           .h = p.a.h,
+                           .mid = p.mid->f(),
+                           .shared_mid = p.smid->f(),
+                           .shared_scale = p.a.shared_scale,
+                           .out = p.out->f()};
+      return p;
+    };
+    const std::string at = std::to_string(dim) + " wide" + (nan_row ? ", a NaN in the row" : "");
+    Path want = make_path();
+    cuda::moe_norm_route(want.a, nullptr);
+    ASSERT_TRUE(cuda::moe_row(want.row, true, nullptr)) << at;
+    Path got = make_path();
+    ASSERT_TRUE(cuda::moe_row(got.row, false, nullptr, &got.a)) << at << ": no fused kernel";
+    ASSERT_TRUE(cuda::moe_row(got.row, true, nullptr, &got.a)) << at;
+    EXPECT_EQ(device_bits(*got.x, dim), device_bits(*want.x, dim)) << at << ": x";
+    EXPECT_EQ(device_bits(*got.h, dim), device_bits(*want.h, dim)) << at << ": h";
+    EXPECT_EQ(device_bits(*got.logits, n_expert), device_bits(*want.logits, n_expert))
+        << at << ": logits";
+    EXPECT_EQ(device_bits(*got.ids, k), device_bits(*want.ids, k)) << at << ": ids";
+    EXPECT_EQ(device_bits(*got.weights, k), device_bits(*want.weights, k)) << at << ": weights";
+    EXPECT_EQ(device_bits(*got.scale, 1), device_bits(*want.scale, 1)) << at << ": shared gate";
+    EXPECT_EQ(device_bits(*got.mid, k * ff), device_bits(*want.mid, k * ff))
+        << at << ": routed hidden";
+    EXPECT_EQ(device_bits(*got.smid, sff), device_bits(*want.smid, sff)) << at << ": shared hidden";
+    const std::vector<float> out = cuda::to_host(*got.out, dim);
+    if (nan_row) {
+      for (int64_t i = 0; i < dim; ++i) ASSERT_TRUE(std::isnan(out[i])) << at << " col " << i;
+      const std::vector<uint32_t> none(k, 0xffffffffu);  // ids -1
+      EXPECT_EQ(device_bits(*got.ids, k), none) << at << ": routes nowhere";
+    } else {
+      EXPECT_EQ(device_bits(*got.out, dim), device_bits(*want.out, dim)) << at << ": out";
+      const float mag = std::fabs(out[0]) + std::fabs(out[dim / 2]);
+      EXPECT_TRUE(std::isfinite(mag) && mag > 0) << at << ": out is " << out[0];
     }
+    EXPECT_EQ(device_bits(*got.counters, cuda::kNormRouteMaxRows),
+              std::vector<uint32_t>(cuda::kNormRouteMaxRows, 0))
+        << at << ": counters";
+    // Again on the same buffers (a replay): x back to its start, the same results.
+    ASSERT_EQ(cudaMemcpy(got.x->ptr, x.data(), dim * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_TRUE(cuda::moe_row(got.row, true, nullptr, &got.a)) << at;
+    EXPECT_EQ(device_bits(*got.x, dim), device_bits(*want.x, dim)) << at << ": x again";
+    EXPECT_EQ(device_bits(*got.out, dim), device_bits(*want.out, dim)) << at << ": out again";
   }
 }
 

@@ -966,8 +966,7 @@ class CudaOps final : public Ops {
       a.shared_scale = shared_scale;
       a.prefetch = expert_prefetch;
       // The routing and the row's experts in one launch where there is that kernel.
-      if (one_row && cuda::moe_row(row, false, stream_, &a)) {
-        cuda::moe_row(row, true, stream_, &a);
+      if (one_row && cuda::moe_row(row, true, stream_, &a)) {
         prefetch_after({router}, n, stream_);
         return;
       }

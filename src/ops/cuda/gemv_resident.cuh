@@ -19,7 +19,7 @@ namespace qwenrt::ops::cuda::mm {
 
 // ---- Resident GEMV: the batch-1 decode path (n = 1) ------------------------------------------
 // For the types whose 256-element blocks split into 8 units of 32 that load with 16- or 8-byte
-// loads (Q4_K, Q5_K, IQ4_XS, Q8_0 in superblocks). The staged kernel above re-reads the
+// loads (Q4_K, Q5_K, IQ4_XS, Q8_0 in superblocks). The staged kernel (gemv_staged.cu) re-reads the
 // activations for every row from L1 and stages the weights through shared memory; both cost
 // load instructions per weight byte that the weight stream cannot afford. Here:
 // - A row's n_units = in / 32 units are split into S slices of 32 UPL units, UPL = 1..4 units a
@@ -605,21 +605,22 @@ struct TwoPart {
   double bytes() const { return double(a.total_rows) * NM * (a.in / T::kElems) * T::kBytes; }
 };
 
-// Blocks [0, b1) of a launch of `total` run part 1, the rest part 2: shared by their weight bytes
-// (at least one each, at most a part's row groups); each part's row groups a block (max_groups)
-// set, and the shared memory a block needs for either.
+// Blocks [0, b1) of a launch of `total` run part 1, the next b2 part 2: shared by their weight
+// bytes (at least one each, at most a part's row groups; with `fill`, part 2 takes every block
+// left, b1 + b2 = total); each part's row groups a block (max_groups) set, and the shared memory
+// a block needs for either.
 struct TwoSplit {
   int64_t b1 = 0, b2 = 0;
   size_t smem = 0;
 };
 template <class T1, int M1, class T2, int M2>
-TwoSplit split_two(ResidentArgs& a1, ResidentArgs& a2, int64_t total) {
+TwoSplit split_two(ResidentArgs& a1, ResidentArgs& a2, int64_t total, bool fill = false) {
   const TwoPart<T1, M1> p1{a1};
   const TwoPart<T2, M2> p2{a2};
   TwoSplit s;
   s.b1 = std::clamp<int64_t>(std::llround(double(total) * p1.bytes() / (p1.bytes() + p2.bytes())),
-                             1, p1.groups());
-  s.b2 = std::clamp<int64_t>(total - s.b1, 1, p2.groups());
+                             1, fill ? std::min(p1.groups(), total - 1) : p1.groups());
+  s.b2 = fill ? total - s.b1 : std::clamp<int64_t>(total - s.b1, 1, p2.groups());
   a1.max_groups = static_cast<int>((p1.groups() + s.b1 - 1) / s.b1);
   a2.max_groups = static_cast<int>((p2.groups() + s.b2 - 1) / s.b2);
   s.smem = std::max(p1.smem(a1.max_groups), p2.smem(a2.max_groups));

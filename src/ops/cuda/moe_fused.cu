@@ -56,9 +56,9 @@ struct FusedArgs {
 
 // Every block of the grid waits here until all have arrived (counter: zero before the first
 // barrier on it; `target` = blocks, the arrivals it waits for). Writes before it are visible after
-// it to every block.
-// One thread a block arrives (a release add that returns nothing) and polls with an acquire
-// load, backing off between polls so that the arrivals are not queued behind the polls.
+// it to every block. One thread a block arrives (a release add that returns nothing) and polls
+// with an acquire load, backing off between polls so that the arrivals are not queued behind the
+// polls.
 __device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned target) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -186,28 +186,6 @@ __global__ void __launch_bounds__(kResRowWarps * 32, 2)
   }
 }
 
-// Blocks [0, b) of `total` for part 1 by weight bytes, at least one block each, the rest part 2;
-// each part's row groups a block set.
-template <class T1, int M1, class T2, int M2>
-int split_fill(ResidentArgs& a1, ResidentArgs& a2, int64_t total) {
-  const TwoPart<T1, M1> p1{a1};
-  const TwoPart<T2, M2> p2{a2};
-  const int64_t b =
-      std::clamp<int64_t>(std::llround(double(total) * p1.bytes() / (p1.bytes() + p2.bytes())), 1,
-                          std::min(p1.groups(), total - 1));
-  a1.max_groups = static_cast<int>((p1.groups() + b - 1) / b);
-  a2.max_groups = static_cast<int>((p2.groups() + (total - b) - 1) / (total - b));
-  return static_cast<int>(b);
-}
-
-// The four parts' shared memory with the block counts set by split_fill.
-size_t res_smem(const FusedArgs& f) {
-  return std::max({TwoPart<qb::Q4K64, kResExperts>{f.gu}.smem(f.gu.max_groups),
-                   TwoPart<qb::Q80S, kResSwiglu>{f.sgu}.smem(f.sgu.max_groups),
-                   TwoPart<qb::Q4K64, kResCombine>{f.down}.smem(f.down.max_groups),
-                   TwoPart<qb::Q80S, kResJobs>{f.sdown}.smem(f.sdown.max_groups)});
-}
-
 // QWENRT_CUDA_MOE_FUSED=1 turns it on (read per call: tests switch it); off by default: it
 // measured slower than the three launches (35B-A3B 344 against 421 tok/s on an H100 with the
 // first barrier, bench/results/h100-moe-fused-2026-12-06.md).
@@ -237,15 +215,19 @@ bool launch_fused(FusedArgs f, bool launch, cudaStream_t stream) {
   };
   QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kMaxSmem)));
-  // Blocks: what fits with the parts' memory at one row group a block, then fewer until the
-  // memory the split needs still lets every block be resident at once.
-  int64_t total = fits(res_smem(f) + extra);
+  // Blocks: at most what fits with h, ids and weights alone, then fewer until the memory the
+  // parts' split needs still lets every block be resident at once.
+  int64_t total = fits(extra);
   size_t smem = 0;
   for (;;) {
     if (total < 2) return false;
-    f.b1 = split_fill<qb::Q4K64, kResExperts, qb::Q80S, kResSwiglu>(f.gu, f.sgu, total);
-    f.c1 = split_fill<qb::Q4K64, kResCombine, qb::Q80S, kResJobs>(f.down, f.sdown, total);
-    f.res_bytes = static_cast<int>((res_smem(f) + 15) / 16 * 16);
+    const TwoSplit b =
+        split_two<qb::Q4K64, kResExperts, qb::Q80S, kResSwiglu>(f.gu, f.sgu, total, true);
+    const TwoSplit c =
+        split_two<qb::Q4K64, kResCombine, qb::Q80S, kResJobs>(f.down, f.sdown, total, true);
+    f.b1 = static_cast<int>(b.b1);
+    f.c1 = static_cast<int>(c.b1);
+    f.res_bytes = static_cast<int>((std::max(b.smem, c.smem) + 15) / 16 * 16);
     smem = size_t(f.res_bytes) + extra;
     if (smem > kMaxSmem) return false;
     const int64_t resident = fits(smem);

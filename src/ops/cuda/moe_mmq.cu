@@ -128,18 +128,11 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 1 : 3)
   }
   __syncthreads();
 
-  // Warp w's 16 weight rows: their first row, and the matrix (gate or up, the expert's) they are
-  // rows of.
-  const auto first_row = [&](int w) {
-    return kSwiGlu ? int64_t{blockIdx.y} * kSwigluCols + (w % kHalf) * kWarpRows
-                   : int64_t{blockIdx.y} * kDownRows + w * kWarpRows;
-  };
-  const auto matrix = [&](int w) {
-    return (kSwiGlu && w >= kHalf ? a.w1 : a.w0) + e * a.expert_bytes;
-  };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t row0 = first_row(warp);
-  const uint8_t* wbase = matrix(warp);
+  // The warp's 16 weight rows: their first row, and the matrix (gate or up, the expert's).
+  const int64_t row0 = kSwiGlu ? int64_t{blockIdx.y} * kSwigluCols + (warp % kHalf) * kWarpRows
+                               : int64_t{blockIdx.y} * kDownRows + warp * kWarpRows;
+  const uint8_t* wbase = (kSwiGlu && warp >= kHalf ? a.w1 : a.w0) + e * a.expert_bytes;
   // Rows past the end read the last row (their outputs are not written).
   const uint8_t* w0 = wbase + min(row0 + g, a.out - 1) * a.row_bytes;
   const uint8_t* w1 = wbase + min(row0 + g + 8, a.out - 1) * a.row_bytes;
@@ -370,9 +363,6 @@ std::pair<int64_t, int64_t> dense_range() {
   return {lo, hi};
 }
 
-// Rows a tile: the largest of 64 and 32 that still gives two blocks an SM, else 16 (the tiles of
-// one run of weight rows then read them from L2, not DRAM). QWENRT_CUDA_DENSE_MMQ_TILE=16|32|64
-// fixes it (a measurement knob).
 // Weight rows (SwiGLU: hidden columns) a block of mmq_warps() warps covers.
 int64_t block_rows(bool swiglu) {
   const int w = mmq_warps();
@@ -380,6 +370,9 @@ int64_t block_rows(bool swiglu) {
                 : (w == 8 ? down_rows<8>() : down_rows<4>());
 }
 
+// Rows a tile: the largest of 64 and 32 that still gives two blocks an SM, else 16 (the tiles of
+// one run of weight rows then read them from L2, not DRAM). QWENRT_CUDA_DENSE_MMQ_TILE=16|32|64
+// fixes it (a measurement knob).
 int dense_tile_rows(int64_t n, int64_t out, bool swiglu) {
   static const int fixed = [] {
     const char* v = std::getenv("QWENRT_CUDA_DENSE_MMQ_TILE");
