@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Speculative decoding on the CPU: end-to-end decode tok/s and acceptance with and without n-gram
-# or MTP drafting, on the tiny trained models, for chat, arithmetic and code-like prompts (greedy,
-# thinking off). Each configuration runs REPEATS times in alternation; the table gives medians.
+# Speculative decoding on the BACKEND backend (default cpu): end-to-end decode tok/s and acceptance
+# with and without n-gram or MTP drafting, on the tiny trained models, for chat, arithmetic and
+# code-like prompts (greedy, thinking off). Each configuration runs REPEATS times in alternation;
+# the table gives medians.
 # MODES picks the configurations: none, ngramK (--draft ngram --draft-max K), mtpK (--draft mtp
 # --draft-max K), mtpKvN (--draft mtp --draft-max K --draft-vocab N); default "none ngram2 ngram4".
 #   bash bench/draft.sh [qwenrt binary] [threads] [repeats] > bench/results/draft-cpu.md
 #   MODES="none mtp1 mtp2 mtp4" bash bench/draft.sh build/qwenrt 1 5
+#   BACKEND=cuda bash bench/draft.sh build-cuda/qwenrt 1 3     (on the GPU machine)
 set -euo pipefail
 bin=${1:-build/qwenrt}
 threads=${2:-1}
 repeats=${3:-5}
+backend=${BACKEND:-cpu}
 read -r -a modes <<< "${MODES:-none ngram2 ngram4}"
 models=(models/qwen35-chat-tiny.Q8_0.gguf models/qwen35moe-chat-tiny.Q4_K_M.gguf)
 declare -A prompts=(
@@ -18,10 +21,10 @@ declare -A prompts=(
   [code]="Write a python function that adds two numbers, then write the same function again with type hints and a docstring."
   [quote]="Repeat this sentence three times: the quick brown fox jumps over the lazy dog near the river bank."
 )
-echo "# Speculative decoding on the CPU (${modes[*]})"
+echo "# Speculative decoding on the $backend backend (${modes[*]})"
 echo
-echo "\`MODES=\"${modes[*]}\" bash bench/draft.sh $bin $threads $repeats\` on $(nproc) cores, $(date -u +%Y-%m-%d), git $(git rev-parse --short HEAD)."
-echo "Greedy, --no-think, -n 200, --backend cpu -t $threads; medians of $repeats alternating runs."
+echo "\`MODES=\"${modes[*]}\" BACKEND=$backend bash bench/draft.sh $bin $threads $repeats\` on $(nproc) cores, $(date -u +%Y-%m-%d), git $(git rev-parse --short HEAD)."
+echo "Greedy, --no-think, -n 200, --backend $backend -t $threads; medians of $repeats alternating runs."
 echo
 echo "| model | prompt | draft | tok/s | drafted | accepted | rate | speedup |"
 echo "|---|---|---|---:|---:|---:|---:|---:|"
@@ -38,7 +41,7 @@ for m in "${models[@]}"; do
           mtp*) args="--draft mtp --draft-max ${mode#mtp}" ;;
           *) echo "unknown mode $mode" >&2; exit 1 ;;
         esac
-        line=$($bin run -m "$m" -p "${prompts[$p]}" --no-think --temp 0 -n 200 --backend cpu -t "$threads" $args 2>&1 >/dev/null | grep -E '^\[prompt' | tail -1)
+        line=$($bin run -m "$m" -p "${prompts[$p]}" --no-think --temp 0 -n 200 --backend "$backend" -t "$threads" $args 2>&1 >/dev/null | grep -E '^\[prompt' | tail -1)
         echo "$line" >> /tmp/draft-$mode.txt
       done
     done
