@@ -5,8 +5,9 @@
 # the settings alternated over ROUNDS rounds; then, for each kernel class in DROP, the same with
 # QWENRT_CUDA_DROP=<class> (ops/cuda README: the class left out of the captured graph; the output
 # is wrong, the time is the step without that class), under the setting DROP_ENV.
-# Run ON the GPU machine from the repository root with the binaries in build-cuda/ and their
-# libraries in .carry/lib (docs/bench.md "H200 side by side"). Logs under $OUT.
+# Run ON the GPU machine from the repository root with the binaries in build-cuda/ (or packed by
+# tools/cuda/pack_binaries.sh into .carry/bin.tar.xz) and their libraries in .carry/lib
+# (docs/bench.md "H200 side by side"). Logs under $OUT.
 #   bash bench/h200/decode_ab.sh [setting...]   (default: "default"; a setting may hold several
 #                                               VAR=VALUE words: "A=1 B=2"; BIN=PATH runs that
 #                                               qwenrt binary instead of build-cuda's)
@@ -14,6 +15,8 @@
 # none), DROP_MODELS (default: the first of MODELS), BENCH (the bench arguments after -m).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
+# Binaries packed by tools/cuda/pack_binaries.sh (build-cuda/, build-base/).
+[ -e build-cuda/qwenrt ] || [ ! -f .carry/bin.tar.xz ] || tar xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
 q=build-cuda/qwenrt
 settings=("$@"); [ ${#settings[@]} -gt 0 ] || settings=(default)

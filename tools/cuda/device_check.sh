@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (through the device tool), from the repository root: the CUDA tests, the
 # kernel micro-benchmarks and a profile of batch-1 decode on a full-size synthetic file, with the
-# binaries built here (build-cuda/) and the shared libraries the GPU image lacks (.carry/lib).
+# binaries built here (build-cuda/, or packed into .carry/bin.tar.xz by tools/cuda/pack_binaries.sh)
+# and the shared libraries the GPU image lacks (.carry/lib).
 #   bash tools/cuda/device_check.sh [tests] [micro] [profile] [prefill] [memory] [profile4k] [gemm] [timeline] [all-tests]
 # tests: TEST_FILTER (default '*Cuda*:*cuda*'), TEST_TIMEOUT (s, default 300), TEST_LOG (log name
 # suffix) narrow a run.
@@ -10,7 +11,9 @@
 # Results go to $OUT (the device tool brings them back).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Binaries packed by tools/cuda/pack_binaries.sh (libcupti among them, in build-cuda/).
+[ -e build-cuda/qwenrt ] || [ ! -f .carry/bin.tar.xz ] || tar xJf .carry/bin.tar.xz
+export LD_LIBRARY_PATH="$PWD/.carry/lib:$PWD/build-cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The test binary has the source folder it was built in compiled in (for its fixtures).
 src_dir=$(strings build-cuda/qwenrt_tests | grep -m1 -E '^/.*/src/ops/cuda/cuda_ops.cpp$' | sed 's#/src/ops/cuda/cuda_ops.cpp$##')
 if [ -n "$src_dir" ] && [ ! -e "$src_dir" ]; then mkdir -p "$(dirname "$src_dir")"; ln -s "$PWD" "$src_dir"; fi
@@ -60,7 +63,7 @@ for what in "$@"; do
       done ;;
     timeline)
       # Kernel by kernel inside the replayed decode step (tools/cuda/timeline.py), with the CUPTI
-      # injection library (build-cuda/libqwenrt_timeline.so, libcupti from .carry/lib); the same
+      # injection library (build-cuda/libqwenrt_timeline.so, libcupti from .carry/lib or build-cuda/); the same
       # bench without it first, so the tracing's own cost shows. BATCH=B (default 0) times the
       # aggregate decode of B sequences instead (the graph replayed last; steps of more than 16
       # rows are not graphs: read the CSV with timeline.py --eager); DEPTH (default 512).
