@@ -12,7 +12,8 @@
 #                                               VAR=VALUE words: "A=1 B=2"; BIN=PATH runs that
 #                                               qwenrt binary instead of build-cuda's)
 # MODELS (default "35B-A3B 27B"), ROUNDS (default 2), DROP (default none), DROP_ENV (default
-# none), DROP_MODELS (default: the first of MODELS), BENCH (the bench arguments after -m).
+# none), DROP_MODELS (default: the first of MODELS), BENCH (the bench arguments after -m), KEEP
+# (non-empty: the files stay in /tmp for a later step of the same call).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 # Binaries packed by tools/cuda/pack_binaries.sh (build-cuda/, build-base/).
@@ -36,8 +37,8 @@ run() {  # run SETTING ARGS...: qwenrt ARGS with the setting's variables and bin
 models=(${MODELS:-35B-A3B 27B})
 drop_models=${DROP_MODELS:-${models[0]}}
 for m in "${models[@]}"; do
-  f=/tmp/ab-$m.gguf
-  $q synth --like Qwen3.6-$m --quant Q4_K_M --out $f > /dev/null
+  f=/tmp/ab-$m.gguf  # kept if there already (an earlier step of the same call wrote it)
+  [ -f $f ] || $q synth --like Qwen3.6-$m --quant Q4_K_M --out $f > /dev/null
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for s in "${settings[@]}"; do
       echo "== $m Q4_K_M, round $r, $s"
@@ -53,5 +54,5 @@ for m in "${models[@]}"; do
         tee -a "$out/decode-drop-$m.txt" | grep -E "tg|rror"
     done
   fi
-  rm -f $f
+  [ -n "${KEEP:-}" ] || rm -f $f
 done
