@@ -1,4 +1,4 @@
-// Device and pinned host memory of the CUDA backend (cuda_ops.cpp): the workspace arena and the
+// Device and pinned host memory of the CUDA backend (cuda_ops.h): the workspace arena and the
 // growing buffers its steps reuse.
 #pragma once
 

@@ -1,4 +1,4 @@
-// QWENRT_CUDA_PROFILE=1 (cuda_ops.cpp): every op timed with a pair of events on the stream, summed
+// QWENRT_CUDA_PROFILE=1 (cuda_ops.h): every op timed with a pair of events on the stream, summed
 // per op class after each step, printed at exit.
 #pragma once
 
