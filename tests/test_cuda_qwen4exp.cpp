@@ -1,6 +1,6 @@
 // The CUDA backend's qwen4exp ops (ops/cuda/qwen4exp.cu, qsa.cu, the DeltaNet sigmoid gate, the
-// PLE embedding's host half in cuda_ops_qwen4exp.cpp) against ops::ref on fresh random inputs and odd
-// shapes, outputs poisoned with NaN; then the committed qwen4exp fixture end to end on cuda
+// PLE embedding's host half in cuda_ops_qwen4exp.cpp) against ops::ref on fresh random inputs and
+// odd shapes, outputs poisoned with NaN; then the committed qwen4exp fixture end to end on cuda
 // against the reference backend, prefill then decode against one prefill, snapshot / restore,
 // and graph replay against eager steps. Skipped without a GPU.
 #include <gtest/gtest.h>

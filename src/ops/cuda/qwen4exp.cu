@@ -1,9 +1,9 @@
 // qwen4exp's own elementwise ops on the GPU (ref/qwen4exp.cpp defines each): the grouped RMSNorm of
 // the hyper-connection streams, the scaled SiLU, the hyper-connection mix and injection, the PLE
 // gate, the PLE's dilated causal conv with its per-slot history, and the device half of the PLE
-// embedding (the slot's remembered tokens; its rows come from the host, cuda_ops_qwen4exp.cpp). Every
-// grid depends on host-known sizes only (n, n_spans, the channel count); spans are read on the
-// device, so a captured step replays with new spans.
+// embedding (the slot's remembered tokens; its rows come from the host, cuda_ops_qwen4exp.cpp).
+// Every grid depends on host-known sizes only (n, n_spans, the channel count); spans are read on
+// the device, so a captured step replays with new spans.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
