@@ -61,8 +61,9 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
   }
   int64_t budget = options.expert_cache_bytes;
   if (budget < 0) {
-    if (std::string(ops_[0]->name()) != "cpu") return;  // the cpu backend streams; others map
-    const int64_t free = available_memory();            // cgroup limits included
+    // Only the cpu backend picks a budget itself; cuda streams at an explicit --expert-cache.
+    if (std::string(ops_[0]->name()) != "cpu") return;
+    const int64_t free = available_memory();  // cgroup limits included
     const int64_t file_bytes = static_cast<int64_t>(file_.file_size());
     if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
     // What stays mapped (the trunk) plus 512 MiB for activations, state and the loader.
@@ -188,8 +189,8 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
       rank_threads_ = std::make_unique<ThreadPool>(tp_);
     }
   } else {
-    // Before the weights are placed: a backend that streams nothing (cuda) refuses an explicit
-    // --expert-cache before it uploads anything.
+    // Before the weights are placed: they skip the routed experts (cuda) and a budget too small
+    // is refused before anything is uploaded.
     setup_expert_streaming(options);
   }
   if (ops_[0]->copies_weights()) {
@@ -220,12 +221,16 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
          .state_rank = r}));
   }
   if (config_.is_moe() && std::string(ops_[0]->name()) == "cuda") {
-    // Streaming routed experts from the file is the cpu backend's (an explicit --expert-cache
-    // fails in setup_expert_streaming); qwen4exp's PLE table alone stays in the mapped file.
-    log(LogLevel::kInfo,
-        "cuda: every weight is resident in device memory, no routed expert is streamed from the "
-        "file{}",
-        config_.is_qwen4exp() ? " (the PLE n-gram rows are read from it on the host)" : "");
+    if (streaming_experts_) {
+      log(LogLevel::kInfo,
+          "cuda: routed experts stream from the file into device memory (--expert-cache; graphs "
+          "off)");
+    } else {
+      log(LogLevel::kInfo,
+          "cuda: every weight is resident in device memory, no routed expert is streamed from the "
+          "file{}",
+          config_.is_qwen4exp() ? " (the PLE n-gram rows are read from it on the host)" : "");
+    }
   }
   if (options.prefault && !ops_[0]->copies_weights()) prefault_weights(options.on_load_progress);
   int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);

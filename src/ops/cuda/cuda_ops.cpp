@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/weight.h"
 #include "quant/quant.h"
 
 namespace qwenrt::ops::cuda {
@@ -61,6 +62,7 @@ CudaOps::~CudaOps() {
   for (const auto& [start, end] : weight_chunks_) cudaFree(reinterpret_cast<void*>(start));
   for (auto& e : stage_done_) cudaEventDestroy(e);
   prefetcher_.reset();
+  experts_.reset();
   cudaFree(counters_);
   cudaEventDestroy(fork_);
   cudaEventDestroy(join_);
@@ -101,6 +103,12 @@ uint8_t* CudaOps::weight_memory(int64_t bytes) {
 
 Weight CudaOps::place(const Weight& w) {
   if (!w.present()) return w;
+  if (experts_ && is_routed_expert_tensor(w.name)) {  // streamed: stays in the mapping
+    experts_->note(w);
+    progress_done_ += static_cast<uint64_t>(w.view.n_rows() * w.view.row_bytes());
+    if (progress_) progress_(std::min(progress_done_, progress_total_), progress_total_);
+    return w;
+  }
   Weight out = w;
   TensorView v = w.view;
   std::vector<float> converted;

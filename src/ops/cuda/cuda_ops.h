@@ -2,7 +2,8 @@
 // stream; internal to ops/cuda. Its definitions: cuda_ops.cpp (memory, weights, the step, graphs,
 // sampling), cuda_ops_moe.cpp (the MoE block), cuda_ops_qwen4exp.cpp (the qwen4exp ops).
 //
-// Weights are uploaded once at load (types without a kernel dequantised to F32 first);
+// Weights are uploaded once at load (types without a kernel dequantised to F32 first), but for
+// routed experts streamed from the file (--expert-cache: expert_stream.h);
 // activations come from a device arena that stops allocating after the first step of a shape;
 // the step's layout is uploaded once per step. A decode-shaped step that ends in sampling is
 // captured as one CUDA graph the second time its shape is seen and replayed from then on: the
@@ -32,6 +33,7 @@
 #include "core/error.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/device_memory.h"
+#include "ops/cuda/expert_stream.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/op_profiler.h"
 #include "ops/cuda/prefetch.h"
@@ -282,11 +284,10 @@ class CudaOps final : public Ops {
   // Otherwise qsa.cu's selection and attention.
   void qsa_attention(const QsaArgs& a) override;
 
-  void stream_experts(const ExpertStreaming&) override {
-    fail(
-        "the cuda backend does not stream routed experts from the file (it holds every weight in "
-        "device memory): drop --expert-cache, or use --backend cpu to stream them");
-  }
+  // Routed experts stay in the mapped file and stream into a device pool (expert_stream.h; the
+  // MoE block reads each step's ids back, so graph capture is off). Before placement.
+  void stream_experts(const ExpertStreaming& config) override;
+  ExpertStats expert_stats() const override;
 
   // ---- The end of a step ----
   void sample(const float* logits, int64_t n_vocab, const SamplingRow* rows, int n_top,
@@ -545,6 +546,7 @@ class CudaOps final : public Ops {
   int64_t op_count_ = 0;
 
   std::unique_ptr<cuda::L2Prefetcher> prefetcher_;
+  std::unique_ptr<cuda::ExpertStream> experts_;  // streamed routed experts (stream_experts)
 
   bool profile_ = false;
   cuda::OpProfiler profiler_;

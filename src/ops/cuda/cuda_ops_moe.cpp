@@ -1,12 +1,14 @@
 // The CUDA backend's MoE block (cuda_ops.h): the routing (with the FFN's norm folded in for
 // decode-sized steps), the routed experts by the path the step's size and types choose (one
 // decode row in two launches, per-pair GEMVs, int8 or bf16 grouped GEMMs), the shared expert
-// beside them on the side stream, and the weighted sum.
+// beside them on the side stream, and the weighted sum; with streamed experts (expert_stream.h)
+// the routed experts of runs of rows over the device pool.
 #include <algorithm>
 #include <cstdint>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/expert_runs.h"
 
 namespace qwenrt::ops::cuda {
 
@@ -31,24 +33,43 @@ cuda::NormRouteArgs CudaOps::norm_route_args(const NormedInput& in, const MoeWei
   return a;
 }
 
+void CudaOps::stream_experts(const ExpertStreaming& c) {
+  if (placed_bytes_ > 0) fail("cuda backend: experts can stream only before weights are placed");
+  experts_ =
+      std::make_unique<cuda::ExpertStream>(c.budget_bytes, c.slot_bytes, c.min_slots, stream_);
+  graphs_enabled_ = false;  // the host picks each step's slots
+}
+
+ExpertStats CudaOps::expert_stats() const {
+  return experts_ ? experts_->stats() : ExpertStats{};
+}
+
 void CudaOps::moe_block(const MoeWeights& w, const float* x, float* out, int64_t n, int n_expert,
                         int k, const NormedInput* pre) {
   if (w.expert_base != 0 || w.down_exps.view.ne[2] != n_expert)
     fail("cuda moe: expert parallelism is not implemented on this backend yet");
   const int64_t dim = w.down_exps.view.ne[1];
-  const bool fused = w.gate_up_exps.present();
-  const Matrix gate_up = fused ? matrix(w.gate_up_exps) : Matrix{};
-  Matrix gate = fused ? gate_up : matrix(w.gate_exps);
-  Matrix up = fused ? gate_up : matrix(w.up_exps);
-  if (fused) {  // gate rows, then up rows, of each expert
-    gate.out = up.out = gate_up.out / 2;
-    up.data = static_cast<const uint8_t*>(gate_up.data) + gate.out * gate_up.row_bytes;
+  // The routed matrices: placed, or over the expert cache's pool, whose experts are its slots.
+  Matrix gate, up, down;
+  if (experts_) {
+    const cuda::ExpertStream::Mats m = experts_->mats(w);
+    gate = m.gate, up = m.up, down = m.down;
+  } else if (w.gate_up_exps.present()) {  // gate rows, then up rows, of each expert
+    gate = up = matrix(w.gate_up_exps);
+    gate.out = up.out = gate.out / 2;
+    up.data = static_cast<const uint8_t*>(gate.data) + gate.out * gate.row_bytes;
+  } else {
+    gate = matrix(w.gate_exps), up = matrix(w.up_exps);
   }
-  const Matrix down = matrix(w.down_exps), router = matrix(w.router);
+  if (!experts_) down = matrix(w.down_exps);
+  // The expert ids the routed kernels see: the router's, or slots of the pool.
+  const int n_ids = experts_ ? experts_->capacity() : n_expert;
+  const Matrix router = matrix(w.router);
   const int64_t ff = gate.out;
   const bool shared = w.shared_down.present();
   float* logits = alloc(n * n_expert);
   auto* ids = reinterpret_cast<int32_t*>(alloc(n * k));
+  auto* slot_ids = experts_ ? reinterpret_cast<int32_t*>(alloc(n * k)) : nullptr;
   float* weights = alloc(n * k);
   float* mid = alloc(n * k * ff);
   float* routed = shared ? alloc(n * dim) : out;
@@ -74,7 +95,7 @@ void CudaOps::moe_block(const MoeWeights& w, const float* x, float* out, int64_t
   const bool grouped = !mmq && n >= grouped_min_rows_ && cuda::grouped_experts_fit(gate) &&
                        cuda::grouped_experts_fit(down);
   void* order_ws =
-      grouped || mmq ? arena_.take(cuda::expert_order_workspace_bytes(n * k, n_expert)) : nullptr;
+      grouped || mmq ? arena_.take(cuda::expert_order_workspace_bytes(n * k, n_ids)) : nullptr;
   void* mmq_ws =
       mmq ? arena_.take(cuda::mmq_experts_workspace_bytes(n, gate.in, n * k, ff)) : nullptr;
   // The shared expert runs on the side stream, beside the routed experts (its own workspace).
@@ -97,7 +118,8 @@ void CudaOps::moe_block(const MoeWeights& w, const float* x, float* out, int64_t
     }
   }
   // One decode row with a shared expert: the routed and shared experts side by side in two
-  // launches on this stream (cuda::moe_row) where the types have that pair of kernels.
+  // launches on this stream (cuda::moe_row) where the types have that pair of kernels (not with
+  // streamed experts: the host reads the ids between the routing and the experts).
   const cuda::MoeRow row{.gate = gate,
                          .up = up,
                          .down = down,
@@ -112,9 +134,9 @@ void CudaOps::moe_block(const MoeWeights& w, const float* x, float* out, int64_t
                          .shared_mid = smid,
                          .shared_scale = shared_scale,
                          .out = out};
-  const bool one_row = n == 1 && shared && moe_row_ && down_combine_ && !mmq && !grouped &&
-                       !dropped(kDropShared) && !dropped(kDropExperts) && !dropped(kDropCombine) &&
-                       cuda::moe_row(row, false, stream_);
+  const bool one_row = n == 1 && shared && moe_row_ && !experts_ && down_combine_ && !mmq &&
+                       !grouped && !dropped(kDropShared) && !dropped(kDropExperts) &&
+                       !dropped(kDropCombine) && cuda::moe_row(row, false, stream_);
   if (pre) {  // x = pre->h is written by this kernel
     cuda::NormRouteArgs a = norm_route_args(*pre, w, n, n_expert, k);
     a.logits = logits;
@@ -150,44 +172,78 @@ void CudaOps::moe_block(const MoeWeights& w, const float* x, float* out, int64_t
     cuda::moe_row(row, true, stream_);
     return;
   }
-  if (mmq) {
-    const cuda::ExpertOrder order = cuda::order_by_expert(
-        ids, n * k, n_expert, cuda::mmq_tile_rows(n * k, n_expert), order_ws, stream_);
-    cuda::mmq_experts(gate, up, down, order, k, x, n, pairs, mmq_ws, stream_);
-    if (shared) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-    cuda::moe_combine_pairs(pairs, weights, k, sout, shared_scale, out, n, dim, stream_);
-    return;
-  }
-  if (grouped) {
-    const cuda::ExpertOrder order =
-        cuda::order_by_expert(ids, n * k, n_expert, cuda::grouped_tile_rows(), order_ws, stream_);
-    cuda::grouped_experts_swiglu(gate, up, order, k, x, mid, stream_);
-    cuda::grouped_experts_down(down, order, mid, pairs, stream_);
-    if (shared) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-    cuda::moe_combine_pairs(pairs, weights, k, sout, shared_scale, out, n, dim, stream_);
-    return;
-  }
-  const bool experts = !dropped(kDropExperts);
-  if (experts) cuda::experts_swiglu(gate, up, ids, k, x, mid, n, ws_, stream_);
-  // The routed down, the weighted sum and the shared expert in one launch where it fits
-  // (QWENRT_CUDA_DOWN_COMBINE=0: the down pairs, then the combine).
-  if (down_combine_ && experts && !dropped(kDropCombine)) {
-    if (shared && !dropped(kDropShared)) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-    if (cuda::experts_down_combine(down, ids, weights, k, mid, sout, shared_scale, out, n, stream_))
+  // Before the sum: the shared expert (the per-pair paths skip the wait when it was dropped).
+  const auto join_shared = [&](bool always) {
+    if (shared && (always || !dropped(kDropShared)))
+      QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
+  };
+  // The routed experts of rows [r0, r0 + rows), whose expert ids (of the matrices above) are
+  // rid [rows, k], and the sum into out.
+  const auto routed_rows = [&](const int32_t* rid, int64_t r0, int64_t rows) {
+    const float* xr = x + r0 * dim;
+    const float* wr = weights + r0 * k;
+    float* mid_r = mid + r0 * k * ff;
+    float* pairs_r = pairs + r0 * k * dim;
+    float* out_r = out + r0 * dim;
+    float* sout_r = shared ? sout + r0 * dim : nullptr;
+    float* scale_r = shared ? shared_scale + r0 : nullptr;
+    if (mmq) {
+      const cuda::ExpertOrder order = cuda::order_by_expert(
+          rid, rows * k, n_ids, cuda::mmq_tile_rows(rows * k, n_ids), order_ws, stream_);
+      cuda::mmq_experts(gate, up, down, order, k, xr, rows, pairs_r, mmq_ws, stream_);
+      join_shared(true);
+      cuda::moe_combine_pairs(pairs_r, wr, k, sout_r, scale_r, out_r, rows, dim, stream_);
       return;
-  }
-  // Each routed expert's down on its own warps, summed with the shared expert in the combine;
-  // the looping kernel where the type has no staged path.
-  if (!experts || cuda::experts_down_pairs(down, ids, k, mid, pairs, n, ws_, stream_)) {
-    if (shared && !dropped(kDropShared)) QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-    if (!dropped(kDropCombine))
-      cuda::moe_combine_pairs(pairs, weights, k, sout, shared_scale, out, n, dim, stream_);
-    return;
-  }
-  cuda::experts_down(down, ids, weights, k, mid, routed, n, ws_, stream_);
-  if (shared) {
-    QWENRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-    cuda::moe_combine(routed, sout, shared_scale, out, n, dim, stream_);
+    }
+    if (grouped) {
+      const cuda::ExpertOrder order =
+          cuda::order_by_expert(rid, rows * k, n_ids, cuda::grouped_tile_rows(), order_ws, stream_);
+      cuda::grouped_experts_swiglu(gate, up, order, k, xr, mid_r, stream_);
+      cuda::grouped_experts_down(down, order, mid_r, pairs_r, stream_);
+      join_shared(true);
+      cuda::moe_combine_pairs(pairs_r, wr, k, sout_r, scale_r, out_r, rows, dim, stream_);
+      return;
+    }
+    const bool experts = !dropped(kDropExperts);
+    if (experts) cuda::experts_swiglu(gate, up, rid, k, xr, mid_r, rows, ws_, stream_);
+    // The routed down, the weighted sum and the shared expert in one launch where it fits
+    // (QWENRT_CUDA_DOWN_COMBINE=0: the down pairs, then the combine).
+    if (down_combine_ && experts && !dropped(kDropCombine)) {
+      join_shared(false);
+      if (cuda::experts_down_combine(down, rid, wr, k, mid_r, sout_r, scale_r, out_r, rows,
+                                     stream_))
+        return;
+    }
+    // Each routed expert's down on its own warps, summed with the shared expert in the combine;
+    // the looping kernel where the type has no staged path.
+    if (!experts || cuda::experts_down_pairs(down, rid, k, mid_r, pairs_r, rows, ws_, stream_)) {
+      join_shared(false);
+      if (!dropped(kDropCombine))
+        cuda::moe_combine_pairs(pairs_r, wr, k, sout_r, scale_r, out_r, rows, dim, stream_);
+      return;
+    }
+    float* routed_r = routed + r0 * dim;
+    cuda::experts_down(down, rid, wr, k, mid_r, routed_r, rows, ws_, stream_);
+    if (shared) {
+      join_shared(true);
+      cuda::moe_combine(routed_r, sout_r, scale_r, out_r, rows, dim, stream_);
+    }
+  };
+  if (!experts_) return routed_rows(ids, 0, n);
+  // Streamed experts: the step's ids read back, then runs of rows whose experts fit the pool
+  // together, each fetched and run over its slots.
+  int32_t* host_ids = experts_->host_ids(n * k);
+  QWENRT_CUDA_CHECK(cudaMemcpyAsync(host_ids, ids, static_cast<size_t>(n * k) * 4,
+                                    cudaMemcpyDeviceToHost, stream_));
+  QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  int32_t* host_slots = experts_->host_slots(n * k);
+  for (int64_t r0 = 0, rows = 0; r0 < n; r0 += rows) {
+    rows = cuda::next_expert_run(host_ids, n, k, n_expert, experts_->capacity(), r0);
+    experts_->fetch(w, host_ids + r0 * k, rows * k, host_slots + r0 * k);
+    QWENRT_CUDA_CHECK(cudaMemcpyAsync(slot_ids + r0 * k, host_slots + r0 * k,
+                                      static_cast<size_t>(rows * k) * 4, cudaMemcpyHostToDevice,
+                                      stream_));
+    routed_rows(slot_ids + r0 * k, r0, rows);
   }
 }
 

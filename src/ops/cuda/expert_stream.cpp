@@ -1,0 +1,199 @@
+#include "ops/cuda/expert_stream.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/cuda/check.h"
+#include "quant/quant.h"
+
+namespace qwenrt::ops::cuda {
+namespace {
+
+constexpr int64_t kAlign = 64;
+
+// The tensors of one expert in slot order: gate_up, or gate and up; then down.
+std::vector<const Weight*> expert_tensors(const MoeWeights& w) {
+  std::vector<const Weight*> t;
+  if (w.gate_up_exps.present()) {
+    t.push_back(&w.gate_up_exps);
+  } else {
+    t.push_back(&w.gate_exps);
+    t.push_back(&w.up_exps);
+  }
+  t.push_back(&w.down_exps);
+  return t;
+}
+
+// "blk.N." of a tensor name ("" when it has none).
+std::string layer_of(const std::string& name) {
+  if (!name.starts_with("blk.")) return "";
+  const size_t dot = name.find('.', 4);
+  return dot == std::string::npos ? "" : name.substr(0, dot + 1);
+}
+
+}  // namespace
+
+ExpertStream::ExpertStream(int64_t budget_bytes, int64_t file_slot_bytes, int min_slots,
+                           cudaStream_t stream)
+    : stream_(stream), budget_(budget_bytes), min_slots_(min_slots) {
+  if (file_slot_bytes > 0 && budget_bytes / file_slot_bytes < min_slots) {
+    fail(
+        "cuda expert cache: {:.1f} MiB holds {} experts of {:.2f} MiB; one token needs {} (at "
+        "least {:.1f} MiB)",
+        budget_bytes / 1048576.0, budget_bytes / file_slot_bytes, file_slot_bytes / 1048576.0,
+        min_slots, static_cast<double>(min_slots) * file_slot_bytes / 1048576.0);
+  }
+  for (auto& e : stage_done_)
+    QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+ExpertStream::~ExpertStream() {
+  cudaStreamSynchronize(stream_);
+  for (auto& e : stage_done_) cudaEventDestroy(e);
+  if (pool_) cudaFree(pool_);
+}
+
+int64_t ExpertStream::device_bytes(const Weight& t) {
+  const TensorView& v = t.view;
+  if (cuda::has_kernel(v.dtype)) return v.nb[2];
+  return v.ne[0] * v.ne[1] * int64_t{sizeof(float)};
+}
+
+void ExpertStream::note(const Weight& w) {
+  const TensorView& v = w.view;
+  if (v.nb[1] != v.row_bytes() || v.nb[2] != v.nb[1] * v.ne[1])
+    fail("cuda expert cache: tensor '{}' is not contiguous", w.name);
+  if (pool_) fail("cuda expert cache: tensor '{}' noted after the pool was made", w.name);
+  const int64_t bytes = (device_bytes(w) + kAlign - 1) / kAlign * kAlign;
+  layer_bytes_[layer_of(w.name)] += bytes;
+  stage_bytes_ = std::max(stage_bytes_, device_bytes(w));
+}
+
+void ExpertStream::make_pool() {
+  for (const auto& [layer, bytes] : layer_bytes_) slot_bytes_ = std::max(slot_bytes_, bytes);
+  if (slot_bytes_ == 0) fail("cuda expert cache: no routed expert tensor was placed");
+  const int64_t n = budget_ / slot_bytes_;
+  if (n < min_slots_) {
+    fail(
+        "cuda expert cache: {:.1f} MiB holds {} experts of {:.2f} MiB in device memory; one token "
+        "needs {} (at least {:.1f} MiB)",
+        budget_ / 1048576.0, n, slot_bytes_ / 1048576.0, min_slots_,
+        static_cast<double>(min_slots_) * slot_bytes_ / 1048576.0);
+  }
+  capacity_ = static_cast<int>(std::min<int64_t>(n, INT32_MAX / 2));
+  void* p = nullptr;
+  if (cudaMalloc(&p, static_cast<size_t>(capacity_ * slot_bytes_)) != cudaSuccess) {
+    cudaGetLastError();
+    fail(
+        "cuda expert cache: out of device memory for {} experts ({:.1f} MiB): lower --expert-cache",
+        capacity_, capacity_ * slot_bytes_ / 1048576.0);
+  }
+  pool_ = static_cast<uint8_t*>(p);
+  slots_.resize(static_cast<size_t>(capacity_));
+  for (int s = 0; s < capacity_; ++s) slots_[s].lru = lru_.insert(lru_.end(), s);
+  for (auto& s : stage_) s.get(stage_bytes_);
+  stats_.capacity = capacity_;
+}
+
+ExpertStream::Mats ExpertStream::mats(const MoeWeights& w) {
+  if (!pool_) make_pool();
+  Mats m;
+  int64_t off = 0;
+  auto over_pool = [&](const Weight& t) {
+    const TensorView& v = t.view;
+    const bool kernel = cuda::has_kernel(v.dtype);
+    Matrix x{.dtype = kernel ? v.dtype : DType::F32,
+             .in = v.ne[0],
+             .out = v.ne[1],
+             .n_expert = capacity_,
+             .row_bytes = kernel ? v.nb[1] : v.ne[0] * int64_t{sizeof(float)},
+             .expert_bytes = slot_bytes_,
+             .data = pool_ + off,
+             .q8_superblocks = v.dtype == DType::Q8_0 && cuda::q8_0_superblocks_fit(v.ne[0])};
+    off += (device_bytes(t) + kAlign - 1) / kAlign * kAlign;
+    return x;
+  };
+  if (w.gate_up_exps.present()) {
+    m.gate = m.up = over_pool(w.gate_up_exps);
+    m.gate.out = m.up.out = m.gate.out / 2;
+    m.up.data = static_cast<const uint8_t*>(m.gate.data) + m.gate.out * m.gate.row_bytes;
+  } else {
+    m.gate = over_pool(w.gate_exps);
+    m.up = over_pool(w.up_exps);
+  }
+  m.down = over_pool(w.down_exps);
+  if (off > slot_bytes_)
+    fail("cuda expert cache: an expert of '{}' takes {} bytes, slots hold {}", w.down_exps.name,
+         off, slot_bytes_);
+  return m;
+}
+
+void ExpertStream::fetch(const MoeWeights& w, const int32_t* ids, int64_t count, int32_t* slots) {
+  if (!pool_) make_pool();
+  ++run_;
+  const void* layer = w.down_exps.view.data;
+  const int n_expert = static_cast<int>(w.down_exps.view.ne[2]);
+  for (int64_t i = 0; i < count; ++i) {
+    const int e = ids[i];
+    if (e < 0 || e >= n_expert)
+      fail("cuda expert cache: expert id {} is outside [0, {})", e, n_expert);
+    ++stats_.lookups;
+    const auto key = std::make_pair(layer, e);
+    auto it = where_.find(key);
+    int s;
+    if (it != where_.end()) {
+      s = it->second;
+      ++stats_.hits;
+    } else {
+      s = lru_.back();
+      if (slots_[s].run == run_)
+        fail("cuda expert cache: all {} slots hold experts of this run", capacity_);
+      if (slots_[s].key.first) where_.erase(slots_[s].key);
+      load(w, e, s);
+      slots_[s].key = key;
+      where_[key] = s;
+    }
+    slots_[s].run = run_;
+    lru_.splice(lru_.begin(), lru_, slots_[s].lru);
+    slots[i] = s;
+  }
+}
+
+void ExpertStream::load(const MoeWeights& w, int e, int slot) {
+  uint8_t* dst = pool_ + slot * slot_bytes_;
+  for (const Weight* t : expert_tensors(w)) {
+    load_tensor(*t, e, dst);
+    dst += (device_bytes(*t) + kAlign - 1) / kAlign * kAlign;
+  }
+  ++stats_.loads;
+}
+
+void ExpertStream::load_tensor(const Weight& t, int e, uint8_t* dst) {
+  const TensorView& v = t.view;
+  const auto* src = static_cast<const uint8_t*>(v.data) + e * v.nb[2];
+  const int64_t bytes = device_bytes(t);
+  const int i = stage_next_;
+  stage_next_ ^= 1;
+  QWENRT_CUDA_CHECK(cudaEventSynchronize(stage_done_[i]));
+  uint8_t* stage = stage_[i].get(stage_bytes_);
+  if (cuda::has_kernel(v.dtype)) {
+    std::memcpy(stage, src, static_cast<size_t>(bytes));
+  } else {
+    quant::dequantize(v.dtype, src, reinterpret_cast<float*>(stage), v.ne[0] * v.ne[1], t.name);
+  }
+  stats_.bytes_read += v.nb[2];
+  // Q8_0 rows of whole superblocks are repacked as placement repacks them (cuda_ops.cpp).
+  const bool repack = v.dtype == DType::Q8_0 && cuda::q8_0_superblocks_fit(v.ne[0]);
+  uint8_t* to = repack ? repack_scratch_.get(bytes) : dst;
+  QWENRT_CUDA_CHECK(
+      cudaMemcpyAsync(to, stage, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
+  QWENRT_CUDA_CHECK(cudaEventRecord(stage_done_[i], stream_));
+  if (repack) cuda::repack_q8_0_superblocks(to, dst, bytes, stream_);
+}
+
+ExpertStats ExpertStream::stats() const {
+  return stats_;
+}
+
+}  // namespace qwenrt::ops::cuda

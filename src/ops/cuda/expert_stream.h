@@ -1,0 +1,94 @@
+// Routed experts streamed from the mapped model file into device memory (`--expert-cache` on the
+// cuda backend; internal to ops/cuda, used by CudaOps' MoE block).
+//
+// A pool of slots in device memory, one expert of one layer a slot: its gate and up (or fused
+// gate_up) and its down, each in the form placement gives a resident tensor (Q8_0 repacked into
+// superblocks, types without a kernel dequantised to F32), each 64-byte aligned. The MoE block
+// reads the step's expert ids back, fetches the experts of a run of rows (expert_runs.h) and runs
+// the usual expert kernels over the pool with slot numbers for expert ids: the pool is one
+// "expert tensor" of `capacity` experts whose expert stride is the slot size. A miss evicts the
+// least recently used slot no id of the current run holds, and is copied from the mapping through
+// two pinned stages on the backend's stream (so a slot is overwritten only after the kernels that
+// read it earlier on that stream).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/cuda/device_memory.h"
+#include "ops/cuda/kernels.h"
+#include "ops/types.h"
+
+namespace qwenrt::ops::cuda {
+
+class ExpertStream {
+ public:
+  // budget_bytes of device memory for the pool; min_slots: the experts one token picks in a layer.
+  // Error if the budget holds fewer than min_slots experts of file_slot_bytes (the file's largest
+  // expert of a layer; the device form may be larger, checked again when the pool is made).
+  ExpertStream(int64_t budget_bytes, int64_t file_slot_bytes, int min_slots, cudaStream_t stream);
+  ~ExpertStream();
+  ExpertStream(const ExpertStream&) = delete;
+  ExpertStream& operator=(const ExpertStream&) = delete;
+
+  // A routed expert tensor that placement leaves in the mapping (called for each at load): the
+  // slot grows to hold one expert of the largest layer in device form.
+  void note(const Weight& w);
+
+  // The routed matrices of w over the pool (gate and up halves of a fused gate_up): expert id s
+  // of a kernel reads slot s. Makes the pool at the first call.
+  struct Mats {
+    Matrix gate, up, down;
+  };
+  Mats mats(const MoeWeights& w);
+
+  // Makes the experts ids[0, count) of w resident and writes their slots to slots[i]; every one
+  // stays until the next call. The distinct ids must fit the pool (next_expert_run).
+  void fetch(const MoeWeights& w, const int32_t* ids, int64_t count, int32_t* slots);
+
+  // Pinned host arrays of n int32 for the step's ids and slots (valid until the next call).
+  int32_t* host_ids(int64_t n) { return reinterpret_cast<int32_t*>(ids_host_.get(n * 4)); }
+  int32_t* host_slots(int64_t n) { return reinterpret_cast<int32_t*>(slots_host_.get(n * 4)); }
+
+  int capacity() const { return capacity_; }
+  ExpertStats stats() const;
+
+ private:
+  struct Slot {
+    std::pair<const void*, int> key{nullptr, -1};  // (the layer's down tensor in the file, expert)
+    uint64_t run = 0;                              // the fetch call that last asked for it
+    std::list<int>::iterator lru;
+  };
+  // Device bytes of one expert of t, and whether t is read as F32 (dequantised).
+  static int64_t device_bytes(const Weight& t);
+  void make_pool();
+  void load(const MoeWeights& w, int e, int slot);
+  void load_tensor(const Weight& t, int e, uint8_t* dst);
+
+  cudaStream_t stream_;
+  int64_t budget_ = 0;
+  int min_slots_ = 0;
+  std::map<std::string, int64_t> layer_bytes_;  // "blk.N." -> one expert's device bytes
+  int64_t slot_bytes_ = 0;
+  int capacity_ = 0;
+  uint8_t* pool_ = nullptr;
+  std::vector<Slot> slots_;
+  std::list<int> lru_;  // front: most recently used
+  std::map<std::pair<const void*, int>, int> where_;
+  uint64_t run_ = 0;
+  PinnedBuffer stage_[2];
+  cudaEvent_t stage_done_[2] = {};
+  int stage_next_ = 0;
+  int64_t stage_bytes_ = 0;
+  DeviceBuffer repack_scratch_;
+  PinnedBuffer ids_host_, slots_host_;
+  ExpertStats stats_;
+};
+
+}  // namespace qwenrt::ops::cuda
