@@ -45,6 +45,25 @@ void MtpBatch::clear() {
   want_logits.clear();
 }
 
+Engine::KvSizes Engine::kv_sizes(const EngineOptions& options) const {
+  KvSizes kv;
+  kv.n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
+  for (int il = 0; il < config_.n_layer; ++il) {
+    if (config_.is_attention_layer(il)) {
+      const int64_t idx_dim = config_.is_qsa_layer(il) ? config_.q4.indexer_head_dim : 0;
+      kv.page_bytes +=
+          (2 * int64_t{config_.n_head_kv} * config_.head_dim + idx_dim) * kPageSize * 4;
+    }
+  }
+  kv.own_bytes =
+      int64_t{options.n_slots} * ((kv.n_ctx + kPageSize - 1) / kPageSize) * kv.page_bytes;
+  kv.extra_bytes = options.cache_kv_bytes;
+  // Room for several conversations per slot (a server interleaves more of them than it runs at
+  // once). Host backends commit the pages only as they are used.
+  if (kv.extra_bytes < 0) kv.extra_bytes = std::min<int64_t>(8 * kv.own_bytes, int64_t{4} << 30);
+  return kv;
+}
+
 void Engine::setup_expert_streaming(const EngineOptions& options) {
   if (!config_.is_moe() || options.expert_cache_bytes == 0) return;
   // One slot: the largest expert of a layer (its gate, up and down slices, 64-byte aligned).
@@ -61,27 +80,42 @@ void Engine::setup_expert_streaming(const EngineOptions& options) {
   }
   int64_t budget = options.expert_cache_bytes;
   if (budget < 0) {
-    // Only the cpu backend picks a budget itself; cuda streams at an explicit --expert-cache.
-    if (std::string(ops_[0]->name()) != "cpu") return;
-    const int64_t free = available_memory();  // cgroup limits included
+    // No --expert-cache: stream only when the weights do not fit the memory they go to, with
+    // what the trunk and the rest leave.
+    const std::string backend = ops_[0]->name();
     const int64_t file_bytes = static_cast<int64_t>(file_.file_size());
-    if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
-    // What stays mapped (the trunk) plus 512 MiB for activations, state and the loader.
+    int64_t free = 0, reserve = 0;
+    const char* where = "";
+    if (backend == "cpu") {
+      free = available_memory();                             // cgroup limits included
+      if (free == 0 || file_bytes <= free * 8 / 10) return;  // fits: map everything
+      reserve = int64_t{512} << 20;                          // activations, state and the loader
+    } else if (backend == "cuda") {
+      free = ops_[0]->device_memory_free();
+      // The KV pool, then 3 GiB for the state and the step's activations.
+      const KvSizes kv = kv_sizes(options);
+      reserve = kv.own_bytes + kv.extra_bytes + (int64_t{3} << 30);
+      if (free == 0 || file_bytes + reserve <= free) return;  // fits: upload everything
+      where = " of device memory";
+    } else {
+      return;
+    }
+    // What stays resident (the trunk) and the reserve come first.
     const int64_t others = file_bytes - expert_bytes;
-    budget = free - others - (int64_t{512} << 20);
+    budget = free - others - reserve;
     // Below a few tokens' worth of experts the cache only thrashes; run anyway, and say so.
     const int64_t floor = int64_t{4} * config_.n_expert_used * slot;
     if (budget < floor) {
       log(LogLevel::kWarn,
-          "{:.1f} GB free leaves {:.2f} GB for experts after {:.1f} GB of trunk weights: using "
+          "{:.1f} GB{} free leaves {:.2f} GB for experts after {:.1f} GB of trunk weights: using "
           "{:.2f} GB (the memory is short; --expert-cache sets the cache)",
-          free / 1e9, std::max<int64_t>(budget, 0) / 1e9, others / 1e9, floor / 1e9);
+          free / 1e9, where, std::max<int64_t>(budget, 0) / 1e9, others / 1e9, floor / 1e9);
       budget = floor;
     }
     log(LogLevel::kInfo,
-        "{:.1f} GB of weights, {:.1f} GB free: streaming the experts through a "
+        "{:.1f} GB of weights, {:.1f} GB{} free: streaming the experts through a "
         "{:.1f} GB cache (--expert-cache sets it)",
-        file_bytes / 1e9, free / 1e9, budget / 1e9);
+        file_bytes / 1e9, free / 1e9, where, budget / 1e9);
   }
   std::vector<ops::MappedPart> files;
   for (const gguf::Part& p : file_.parts()) files.push_back({p.path, p.base, p.size});
@@ -233,23 +267,8 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
     }
   }
   if (options.prefault && !ops_[0]->copies_weights()) prefault_weights(options.on_load_progress);
-  int64_t n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min<int64_t>(config_.n_ctx_train, 32768);
-  constexpr int kPageSize = 64;
-  int64_t page_bytes = 0;
-  for (int il = 0; il < config_.n_layer; ++il) {
-    if (config_.is_attention_layer(il)) {
-      const int64_t idx_dim = config_.is_qsa_layer(il) ? config_.q4.indexer_head_dim : 0;
-      page_bytes += (2 * int64_t{config_.n_head_kv} * config_.head_dim + idx_dim) * kPageSize * 4;
-    }
-  }
-  int64_t cache_bytes = options.cache_kv_bytes;
-  if (cache_bytes < 0) {
-    // Room for several conversations per slot (a server interleaves more of them than it runs
-    // at once). Host backends commit the pages only as they are used.
-    const int64_t own =
-        int64_t{options.n_slots} * ((n_ctx + kPageSize - 1) / kPageSize) * page_bytes;
-    cache_bytes = std::min<int64_t>(8 * own, int64_t{4} << 30);
-  }
+  const KvSizes kv = kv_sizes(options);
+  const int64_t n_ctx = kv.n_ctx, page_bytes = kv.page_bytes, cache_bytes = kv.extra_bytes;
   const int64_t extra_pages = page_bytes > 0 ? cache_bytes / page_bytes : 0;
   if (options.verify_rows < 0 || options.verify_rows > 64)
     fail("verify rows must be in [0, 64], got {}", options.verify_rows);

@@ -158,6 +158,14 @@ class Engine {
   void prefault_weights(const std::function<void(uint64_t, uint64_t)>& progress);
   // Sets up the expert cache of options.expert_cache_bytes, when it is on.
   void setup_expert_streaming(const EngineOptions& options);
+  // The KV pool's sizes: tokens a sequence, bytes of a page (kPageSize tokens over every trunk
+  // attention layer), the slots' own pages' bytes and the bytes beyond them
+  // (options.cache_kv_bytes, or its default).
+  static constexpr int kPageSize = 64;
+  struct KvSizes {
+    int64_t n_ctx = 0, page_bytes = 0, own_bytes = 0, extra_bytes = 0;
+  };
+  KvSizes kv_sizes(const EngineOptions& options) const;
   bool streaming_experts_ = false;
   // Checks rows (slot, token, position), groups them into spans, reserves their KV pages on the
   // track and hands the layout to the backend.

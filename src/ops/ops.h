@@ -176,7 +176,8 @@ class Ops {
 
   // ---- Routed experts streamed from the file ----
   // From now on the MoE ops read routed experts through a cache of the given budget (the cpu
-  // backend); Error on a backend without one, or a budget below one token's experts.
+  // backend: host memory; cuda: device memory), called before any weight is placed; Error on a
+  // backend without one, or a budget below one token's experts.
   virtual void stream_experts(const ExpertStreaming& config);
   // A hint: the experts the router of w picks for x [n, dim] will be asked for soon (a streaming
   // backend starts reading them). No effect otherwise.
@@ -185,6 +186,9 @@ class Ops {
   }
   // Counters of the expert cache (zero without one).
   virtual ExpertStats expert_stats() const { return {}; }
+  // Bytes of device memory free for weights (0: this backend's weights stay in host memory);
+  // the engine sizes an expert cache from it when none is given.
+  virtual int64_t device_memory_free() const { return 0; }
 
   // ---- Tensor parallelism (model/shard.h) ----
   // Makes this backend rank `rank` of a group whose forward passes run side by side, one thread

@@ -288,6 +288,7 @@ class CudaOps final : public Ops {
   // MoE block reads each step's ids back, so graph capture is off). Before placement.
   void stream_experts(const ExpertStreaming& config) override;
   ExpertStats expert_stats() const override;
+  int64_t device_memory_free() const override;
 
   // ---- The end of a step ----
   void sample(const float* logits, int64_t n_vocab, const SamplingRow* rows, int n_top,

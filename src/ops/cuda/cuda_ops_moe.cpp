@@ -40,6 +40,12 @@ void CudaOps::stream_experts(const ExpertStreaming& c) {
   graphs_enabled_ = false;  // the host picks each step's slots
 }
 
+int64_t CudaOps::device_memory_free() const {
+  size_t free = 0, total = 0;
+  QWENRT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<int64_t>(free);
+}
+
 ExpertStats CudaOps::expert_stats() const {
   return experts_ ? experts_->stats() : ExpertStats{};
 }
