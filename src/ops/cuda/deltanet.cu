@@ -180,6 +180,7 @@ struct DeltaParams {
   const float* conv_w;
   float* conv_state;
   unsigned* counters;
+  bool early_reads;  // QWENRT_CUDA_DELTA_EARLY=1 (delta_rule_kernel)
 };
 
 // Conv folded in (CK > 0: the conv's taps; every span of the step has at most one row): the
@@ -192,7 +193,11 @@ template <int kR, int CK>
 __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD)
     delta_rule_kernel(const DeltaParams prm) {
   pdl_launch_dependents();
-  pdl_wait();  // launched dependent (pdl.cuh): before any read
+  // Launched dependent (pdl.cuh): nothing is read before the wait, unless early_reads: then the
+  // slot's state, the conv taps and the conv state are read first (written only by this layer's
+  // delta rule of an earlier step, which ended before the step began: the host waits for each
+  // step's sampling), so their latency hides behind the kernels before this one.
+  if (!prm.early_reads) pdl_wait();
   __shared__ float s_q[kMaxD], s_k[kMaxD], s_v[kMaxD];
   __shared__ float s_norms[3][kMaxD / 32];   // per-warp q.q, k.k, q.k of the current token
   __shared__ float s_red[2][kParts][kMaxD];  // per-part S^T k, S^T q
@@ -232,30 +237,39 @@ __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD
       }
     }
   };
-  // Conv folded in: this thread's channels' windows (old state, then the new input).
-  float q_win[CK > 0 ? CK : 1], k_win[CK > 0 ? CK : 1];
+  // Conv folded in: this thread's channels (q and k for p = 0, v for p = 1): their taps and
+  // windows (the old state, then the new input).
+  constexpr int kW = CK > 0 ? CK : 1;
+  float q_win[kW], k_win[kW], v_win[kW], w0[kW], w1[kW];  // w0: q or v taps, w1: k taps
+  const int64_t q_ch = int64_t{hk} * D + j, k_ch = nk + q_ch, v_ch = 2 * nk + int64_t{h} * D + j;
   __shared__ bool s_last;  // this block shifts the q and k channels' conv state
-  auto fetch_conv = [&](int64_t row) {
-    const float* x = prm.qkv + row * C;
+  auto conv_taps_and_state = [&] {
     const float* state = prm.conv_state + int64_t{span.slot} * (CK - 1) * C;
-    auto conv = [&](int64_t ch, float(&win)[CK > 0 ? CK : 1]) {
-      float w[CK > 0 ? CK : 1];
+    auto load = [&](int64_t ch, float(&w)[kW], float(&win)[kW]) {
 #pragma unroll
       for (int i = 0; i < CK; ++i) w[i] = prm.conv_w[ch * CK + i];
 #pragma unroll
       for (int i = 0; i < CK - 1; ++i) win[i] = state[i * C + ch];
-      win[CK - 1] = x[ch];
-      return conv_silu(w, win);
     };
     if (p == 0) {
-      next_q = conv(int64_t{hk} * D + j, q_win);
-      next_k = conv(nk + int64_t{hk} * D + j, k_win);
+      load(q_ch, w0, q_win);
+      load(k_ch, w1, k_win);
+    } else if (p == 1) {
+      load(v_ch, w0, v_win);
+    }
+  };
+  auto fetch_conv = [&](int64_t row) {
+    const float* x = prm.qkv + row * C;
+    if (p == 0) {
+      q_win[CK - 1] = x[q_ch];
+      k_win[CK - 1] = x[k_ch];
+      next_q = conv_silu(w0, q_win);
+      next_k = conv_silu(w1, k_win);
       next_z = prm.z[row * nv + int64_t{h} * D + j];
     } else if (p == 1) {
-      float v_win[CK > 0 ? CK : 1];
-      const int64_t ch = 2 * nk + int64_t{h} * D + j;
-      next_v = conv(ch, v_win);
-      float* st = prm.conv_state + int64_t{span.slot} * (CK - 1) * C + ch;
+      v_win[CK - 1] = x[v_ch];
+      next_v = conv_silu(w0, v_win);
+      float* st = prm.conv_state + int64_t{span.slot} * (CK - 1) * C + v_ch;
 #pragma unroll
       for (int i = 0; i < CK - 1; ++i) st[i * C] = v_win[i + 1];
       if (j == 0) {
@@ -264,6 +278,10 @@ __global__ void __launch_bounds__(kR > 0 ? kParts * kParts * kR : kParts * kMaxD
       }
     }
   };
+  if constexpr (CK > 0) {
+    if (span.count > 0) conv_taps_and_state();
+  }
+  if (prm.early_reads) pdl_wait();
   if (span.count > 0) {
     if constexpr (CK > 0) {
       fetch_conv(span.begin);
@@ -534,6 +552,16 @@ void launch_delta(const DeviceStep& step, const DeltaParams& prm, cudaStream_t s
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
+// QWENRT_CUDA_DELTA_EARLY=1: delta_rule_kernel reads the state and the conv's taps and state
+// before its PDL wait (off until measured on a GPU).
+bool early_reads() {
+  static const bool on = [] {
+    const char* v = std::getenv("QWENRT_CUDA_DELTA_EARLY");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 // Spans this long or longer take the chunked form (when it is enabled).
 constexpr int64_t kChunkedMinTokens = 64;
 
@@ -653,7 +681,8 @@ void deltanet(const DeviceStep& step, const DeltaNetArgs& args, void* workspace,
                         .qkv = args.qkv,
                         .conv_w = kernel,
                         .conv_state = args.state.conv,
-                        .counters = fuse ? counters : nullptr};
+                        .counters = fuse ? counters : nullptr,
+                        .early_reads = early_reads()};
   if (D % 32 != 0) {
     const dim3 grid(static_cast<unsigned>(Hv), static_cast<unsigned>(step.n_spans));
     delta_rule_any_d_kernel<<<grid, D, 0, stream>>>(prm);
