@@ -494,11 +494,22 @@ inline bool resident_off() {
   return off;
 }
 
+// QWENRT_CUDA_RES_PER_SM=N (N > 0): at most N persistent blocks an SM, leaving room on each SM
+// for the next kernel's blocks to start early under PDL (an experiment; 0 or unset: no cap).
+inline int resident_per_sm_cap() {
+  static const int cap = [] {
+    const char* v = std::getenv("QWENRT_CUDA_RES_PER_SM");
+    return v ? std::max(0, std::atoi(v)) : 0;
+  }();
+  return cap;
+}
+
 // Persistent blocks: as many as fit on the GPU at once with `smem` bytes each (at most `groups`).
 template <class Kernel>
 int64_t persistent_grid(Kernel* kernel, int threads, size_t smem, int64_t groups) {
   int per_sm = 0;
   QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  if (resident_per_sm_cap() > 0) per_sm = std::min(per_sm, resident_per_sm_cap());
   return std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{std::max(per_sm, 1)} * sm_count()));
 }
 
