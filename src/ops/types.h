@@ -28,6 +28,13 @@ struct MoeWeights {
   int expert_base = 0;
 };
 
+// One expert's matrices in the order a streamed expert's slot holds them: gate_up, or gate and
+// up; then down.
+inline std::vector<const Weight*> routed_matrices(const MoeWeights& w) {
+  if (w.gate_up_exps.present()) return {&w.gate_up_exps, &w.down_exps};
+  return {&w.gate_exps, &w.up_exps, &w.down_exps};
+}
+
 // Arguments of the gated delta rule for one sequence of n tokens (SPEC: Gated DeltaNet, step 5).
 struct GatedDeltaArgs {
   const float* q;  // [n, Hk, D], L2-normalised, row stride q_stride floats

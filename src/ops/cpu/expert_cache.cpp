@@ -31,24 +31,11 @@ int64_t matrix_bytes(const TensorView& v) {
   return v.ne[1] * v.nb[1];
 }
 
-// The expert's matrices as w holds them: gate_up or gate + up, then down.
-std::vector<const Weight*> expert_matrices(const MoeWeights& w) {
-  std::vector<const Weight*> m;
-  if (w.gate_up_exps.present()) {
-    m.push_back(&w.gate_up_exps);
-  } else {
-    m.push_back(&w.gate_exps);
-    m.push_back(&w.up_exps);
-  }
-  m.push_back(&w.down_exps);
-  return m;
-}
-
 }  // namespace
 
 int64_t expert_slot_bytes(const MoeWeights& w) {
   int64_t bytes = 0;
-  for (const Weight* m : expert_matrices(w)) bytes += align_up(matrix_bytes(m->expert_view(0)));
+  for (const Weight* m : routed_matrices(w)) bytes += align_up(matrix_bytes(m->expert_view(0)));
   return bytes;
 }
 
@@ -144,7 +131,7 @@ int ExpertCache::place(const MoeWeights& w, int e, bool* hit) {
   s.loading = true;
   s.parts.clear();
   int64_t at = 0;
-  for (const Weight* m : expert_matrices(w)) {
+  for (const Weight* m : routed_matrices(w)) {
     const TensorView v = m->expert_view(e);
     const int64_t bytes = matrix_bytes(v);
     const auto [file, offset] = locate(v.data, bytes, e, m->name);
@@ -182,7 +169,7 @@ ExpertCache::Entry ExpertCache::pin(const MoeWeights& w, int e) {
   ++s.uses;
   s.last_use = clock_;
   Entry entry{.slot = i};
-  const auto matrices = expert_matrices(w);
+  const auto matrices = routed_matrices(w);
   for (size_t m = 0; m < matrices.size(); ++m) {
     TensorView v = matrices[m]->expert_view(e);
     v.data = s.mem + s.parts[m].at;

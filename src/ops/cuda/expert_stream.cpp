@@ -12,19 +12,6 @@ namespace {
 
 constexpr int64_t kAlign = 64;
 
-// The tensors of one expert in slot order: gate_up, or gate and up; then down.
-std::vector<const Weight*> expert_tensors(const MoeWeights& w) {
-  std::vector<const Weight*> t;
-  if (w.gate_up_exps.present()) {
-    t.push_back(&w.gate_up_exps);
-  } else {
-    t.push_back(&w.gate_exps);
-    t.push_back(&w.up_exps);
-  }
-  t.push_back(&w.down_exps);
-  return t;
-}
-
 // "blk.N." of a tensor name ("" when it has none).
 std::string layer_of(const std::string& name) {
   if (!name.starts_with("blk.")) return "";
@@ -162,7 +149,7 @@ void ExpertStream::fetch(const MoeWeights& w, const int32_t* ids, int64_t count,
 
 void ExpertStream::load(const MoeWeights& w, int e, int slot) {
   uint8_t* dst = pool_ + slot * slot_bytes_;
-  for (const Weight* t : expert_tensors(w)) {
+  for (const Weight* t : routed_matrices(w)) {
     load_tensor(*t, e, dst);
     dst += (device_bytes(*t) + kAlign - 1) / kAlign * kAlign;
   }
