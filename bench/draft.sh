@@ -7,7 +7,8 @@
 # --draft-max K), mtpKvN (--draft mtp --draft-max K --draft-vocab N); default "none ngram2 ngram4".
 #   bash bench/draft.sh [qwenrt binary] [threads] [repeats] > bench/results/draft-cpu.md
 #   MODES="none mtp1 mtp2 mtp4" bash bench/draft.sh build/qwenrt 1 5
-#   BACKEND=cuda bash bench/draft.sh build-cuda/qwenrt 1 3     (on the GPU machine)
+#   BACKEND=cuda REV=<commit> bash bench/draft.sh build-cuda/qwenrt 1 3   (on the GPU machine,
+#                                                                       whose copy has no .git)
 set -euo pipefail
 bin=${1:-build/qwenrt}
 threads=${2:-1}
@@ -23,7 +24,7 @@ declare -A prompts=(
 )
 echo "# Speculative decoding on the $backend backend (${modes[*]})"
 echo
-echo "\`MODES=\"${modes[*]}\" BACKEND=$backend bash bench/draft.sh $bin $threads $repeats\` on $(nproc) cores, $(date -u +%Y-%m-%d), git $(git rev-parse --short HEAD)."
+echo "\`MODES=\"${modes[*]}\" BACKEND=$backend bash bench/draft.sh $bin $threads $repeats\` on $(nproc) cores, $(date -u +%Y-%m-%d), git $(git rev-parse --short HEAD 2>/dev/null || echo "${REV:-unknown (no .git here: REV=... names it)}")."
 echo "Greedy, --no-think, -n 200, --backend $backend -t $threads; medians of $repeats alternating runs."
 echo
 echo "| model | prompt | draft | tok/s | drafted | accepted | rate | speedup |"
