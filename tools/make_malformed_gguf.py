@@ -568,6 +568,11 @@ def model_cases():
         a + "full_attention_interval", "got 0")
     add("conv_kernel_zero", qwen4exp_file({"ssm.conv_kernel": scalar(UINT32, 0)}),
         a + "ssm.conv_kernel", "got 0")
+    # A fuzzer find: V heads x state size past int32 (UBSan: signed overflow in the check).
+    add("ssm_inner_overflow",
+        qwen4exp_file({"ssm.time_step_rank": scalar(UINT32, 1 << 20),
+                       "ssm.state_size": scalar(UINT32, 1 << 20)}),
+        a + "ssm.inner_size", "expected 1099511627776, got 8")
     # -- QSA --
     add("compress_ratios_missing", qwen4exp_file(drop=("attention.compress_ratios",)),
         f"missing metadata key '{a}attention.compress_ratios'")

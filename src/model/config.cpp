@@ -255,7 +255,7 @@ Config Config::from_gguf(const gguf::File& file) {
          k.key("ssm.time_step_rank"), c.ssm_v_heads, k.key("ssm.group_count"), c.ssm_k_heads);
   }
 
-  if (c.ssm_inner != c.ssm_v_heads * c.ssm_head_dim) {
+  if (c.ssm_inner != int64_t{c.ssm_v_heads} * c.ssm_head_dim) {
     inconsistent(path, k.key("ssm.inner_size") + " (time_step_rank x state_size)",
                  int64_t{c.ssm_v_heads} * c.ssm_head_dim, c.ssm_inner);
   }
