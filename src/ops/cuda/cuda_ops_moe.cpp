@@ -96,10 +96,12 @@ void CudaOps::moe_block(const MoeWeights& w, const float* x, float* out, int64_t
   }
   // Many rows: the routed experts as grouped GEMMs over the pairs ordered by expert.
   // On int8 tensor cores where the types allow (QWENRT_CUDA_MOE_MMQ=0: the bf16 kernels).
-  const bool mmq =
-      n >= mmq_min_rows_ && cuda::mmq_experts_enabled() && cuda::mmq_experts_fit(gate, up, down);
-  const bool grouped = !mmq && n >= grouped_min_rows_ && cuda::grouped_experts_fit(gate) &&
-                       cuda::grouped_experts_fit(down);
+  // (A pool of more slots than the ordering takes runs the per-pair kernels.)
+  const bool orderable = n_ids <= cuda::kMaxOrderedExperts;
+  const bool mmq = orderable && n >= mmq_min_rows_ && cuda::mmq_experts_enabled() &&
+                   cuda::mmq_experts_fit(gate, up, down);
+  const bool grouped = orderable && !mmq && n >= grouped_min_rows_ &&
+                       cuda::grouped_experts_fit(gate) && cuda::grouped_experts_fit(down);
   void* order_ws =
       grouped || mmq ? arena_.take(cuda::expert_order_workspace_bytes(n * k, n_ids)) : nullptr;
   void* mmq_ws =

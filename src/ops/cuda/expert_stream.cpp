@@ -53,7 +53,9 @@ void ExpertStream::note(const Weight& w) {
     fail("cuda expert cache: tensor '{}' is not contiguous", w.name);
   if (pool_) fail("cuda expert cache: tensor '{}' noted after the pool was made", w.name);
   const int64_t bytes = (device_bytes(w) + kAlign - 1) / kAlign * kAlign;
-  layer_bytes_[layer_of(w.name)] += bytes;
+  const std::string layer = layer_of(w.name);
+  if (!layer_bytes_.contains(layer)) n_experts_ += v.ne[2];
+  layer_bytes_[layer] += bytes;
   stage_bytes_ = std::max(stage_bytes_, device_bytes(w));
 }
 
@@ -68,7 +70,8 @@ void ExpertStream::make_pool() {
         budget_ / 1048576.0, n, slot_bytes_ / 1048576.0, min_slots_,
         static_cast<double>(min_slots_) * slot_bytes_ / 1048576.0);
   }
-  capacity_ = static_cast<int>(std::min<int64_t>(n, INT32_MAX / 2));
+  // No more slots than experts (a budget beyond them holds every expert once).
+  capacity_ = static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(n_experts_, min_slots_)));
   void* p = nullptr;
   if (cudaMalloc(&p, static_cast<size_t>(capacity_ * slot_bytes_)) != cudaSuccess) {
     cudaGetLastError();

@@ -75,6 +75,7 @@ class ExpertStream {
   int64_t budget_ = 0;
   int min_slots_ = 0;
   std::map<std::string, int64_t> layer_bytes_;  // "blk.N." -> one expert's device bytes
+  int64_t n_experts_ = 0;                       // the routed experts of every layer
   int64_t slot_bytes_ = 0;
   int capacity_ = 0;
   uint8_t* pool_ = nullptr;

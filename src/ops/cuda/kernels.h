@@ -145,6 +145,9 @@ struct ExpertOrder {
 // Whether the grouped kernels take this expert tensor (a type with a kernel, in % 64 == 0).
 bool grouped_experts_fit(const Matrix& w);
 int64_t expert_order_workspace_bytes(int64_t n_pairs, int n_expert);
+// The most experts order_by_expert takes (8 bytes of shared memory each, within what an sm_80+
+// block may opt in to).
+inline constexpr int kMaxOrderedExperts = 20480;
 // Tiles of tile_rows pairs: grouped_tile_rows() for the kernels below, mmq_tile_rows() for
 // mmq_experts.
 ExpertOrder order_by_expert(const int32_t* ids, int64_t n_pairs, int n_expert, int tile_rows,

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/expand.cuh"
@@ -240,6 +241,17 @@ ExpertOrder order_by_expert(const int32_t* ids, int64_t n_pairs, int n_expert, i
                 n_expert, n_pairs,    (n_pairs + tile_rows - 1) / tile_rows + n_expert,
                 tile_rows};
   const size_t smem = 2 * sizeof(int32_t) * static_cast<size_t>(n_expert);
+  // Past 48 KiB (streamed experts: slots of a device pool for ids) the kernel opts in to more.
+  static size_t smem_set = 48 << 10;
+  if (smem > smem_set) {
+    if (cudaFuncSetAttribute(order_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)) != cudaSuccess) {
+      cudaGetLastError();
+      cuda_fail("order_by_expert: " + std::to_string(n_expert) +
+                " experts need more shared memory than a block has");
+    }
+    smem_set = smem;
+  }
   order_kernel<<<1, kOrderThreads, smem, stream>>>(ids, n_pairs, n_expert, tile_rows, pairs,
                                                    pair_start, tile_start);
   QWENRT_CUDA_CHECK_LAUNCH();
