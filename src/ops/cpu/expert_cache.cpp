@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "ops/expert_budget.h"
 
 namespace qwenrt::ops::cpu {
 namespace {
@@ -42,14 +43,7 @@ int64_t expert_slot_bytes(const MoeWeights& w) {
 ExpertCache::ExpertCache(const std::vector<MappedPart>& files, int64_t budget_bytes,
                          int64_t slot_bytes, int min_slots, ExpertPolicy policy)
     : slot_bytes_(align_up(slot_bytes)), policy_(policy) {
-  const int64_t n = budget_bytes / slot_bytes_;
-  if (n < min_slots) {
-    fail(
-        "expert cache: {:.1f} MiB holds {} experts of {:.2f} MiB; one token needs {} (at least "
-        "{:.1f} MiB)",
-        budget_bytes / 1048576.0, n, slot_bytes_ / 1048576.0, min_slots,
-        min_slots * slot_bytes_ / 1048576.0);
-  }
+  const int64_t n = expert_slots_in_budget("expert cache", budget_bytes, slot_bytes_, min_slots);
   for (const MappedPart& f : files) {
     const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/check.h"
+#include "ops/expert_budget.h"
 #include "quant/quant.h"
 
 namespace qwenrt::ops::cuda {
@@ -24,13 +25,8 @@ std::string layer_of(const std::string& name) {
 ExpertStream::ExpertStream(int64_t budget_bytes, int64_t file_slot_bytes, int min_slots,
                            cudaStream_t stream)
     : stream_(stream), budget_(budget_bytes), min_slots_(min_slots) {
-  if (file_slot_bytes > 0 && budget_bytes / file_slot_bytes < min_slots) {
-    fail(
-        "cuda expert cache: {:.1f} MiB holds {} experts of {:.2f} MiB; one token needs {} (at "
-        "least {:.1f} MiB)",
-        budget_bytes / 1048576.0, budget_bytes / file_slot_bytes, file_slot_bytes / 1048576.0,
-        min_slots, static_cast<double>(min_slots) * file_slot_bytes / 1048576.0);
-  }
+  if (file_slot_bytes > 0)
+    expert_slots_in_budget("cuda expert cache", budget_bytes, file_slot_bytes, min_slots);
   for (auto& e : stage_done_)
     QWENRT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
@@ -62,14 +58,8 @@ void ExpertStream::note(const Weight& w) {
 void ExpertStream::make_pool() {
   for (const auto& [layer, bytes] : layer_bytes_) slot_bytes_ = std::max(slot_bytes_, bytes);
   if (slot_bytes_ == 0) fail("cuda expert cache: no routed expert tensor was placed");
-  const int64_t n = budget_ / slot_bytes_;
-  if (n < min_slots_) {
-    fail(
-        "cuda expert cache: {:.1f} MiB holds {} experts of {:.2f} MiB in device memory; one token "
-        "needs {} (at least {:.1f} MiB)",
-        budget_ / 1048576.0, n, slot_bytes_ / 1048576.0, min_slots_,
-        static_cast<double>(min_slots_) * slot_bytes_ / 1048576.0);
-  }
+  const int64_t n = expert_slots_in_budget("cuda expert cache (experts as the device holds them)",
+                                           budget_, slot_bytes_, min_slots_);
   // No more slots than experts (a budget beyond them holds every expert once).
   capacity_ = static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(n_experts_, min_slots_)));
   void* p = nullptr;
