@@ -32,12 +32,19 @@ TEST(ExpertRuns, RepeatedExpertsCountOnce) {
   EXPECT_EQ(next_expert_run(ids.data(), 3, 2, 8, 1, 2), 1);
 }
 
+// -1: a row the routing sent nowhere (a NaN logit); it takes no slot.
+TEST(ExpertRuns, RowsRoutedNowhereTakeNoSlot) {
+  const std::vector<int32_t> ids = {-1, -1, 0, 1, -1, -1};
+  EXPECT_EQ(next_expert_run(ids.data(), 3, 2, 4, 2, 0), 3);
+  EXPECT_EQ(next_expert_run(ids.data(), 3, 2, 4, 1, 0), 1);  // {0, 1} do not fit one slot
+}
+
 TEST(ExpertRuns, ImpossibleRowsFail) {
   const std::vector<int32_t> ids = {0, 1, 2};
   EXPECT_THROW(next_expert_run(ids.data(), 1, 3, 4, 2, 0), Error);  // 3 experts, 2 slots
   const std::vector<int32_t> bad = {0, 9};
   EXPECT_THROW(next_expert_run(bad.data(), 1, 2, 4, 4, 0), Error);  // id 9 of 4 experts
-  const std::vector<int32_t> negative = {-1, 0};
+  const std::vector<int32_t> negative = {-2, 0};
   EXPECT_THROW(next_expert_run(negative.data(), 1, 2, 4, 4, 0), Error);
 }
 

@@ -10,9 +10,10 @@
 
 namespace qwenrt::ops::cuda {
 
-// The number of rows, from row r0 of ids [n_rows, k] (expert ids in [0, n_expert)), that run
-// together: as many as come before the distinct experts would exceed `capacity`; at least one.
-// Error if a row alone picks more than `capacity` distinct experts or an id is out of range.
+// The number of rows, from row r0 of ids [n_rows, k] (expert ids in [0, n_expert); -1: a row the
+// routing sent nowhere, a NaN logit), that run together: as many as come before the distinct
+// experts would exceed `capacity`; at least one. Error if a row alone picks more than
+// `capacity` distinct experts or an id is out of range.
 inline int64_t next_expert_run(const int32_t* ids, int64_t n_rows, int k, int n_expert,
                                int64_t capacity, int64_t r0) {
   std::vector<uint8_t> seen(static_cast<size_t>(n_expert), 0);
@@ -21,6 +22,7 @@ inline int64_t next_expert_run(const int32_t* ids, int64_t n_rows, int k, int n_
     int64_t added = 0;
     const int32_t* row = ids + r * k;
     for (int j = 0; j < k; ++j) {
+      if (row[j] == -1) continue;
       if (row[j] < 0 || row[j] >= n_expert)
         fail("cuda expert cache: expert id {} of row {} is outside [0, {})", row[j], r, n_expert);
       bool again = seen[static_cast<size_t>(row[j])] != 0;
@@ -32,7 +34,9 @@ inline int64_t next_expert_run(const int32_t* ids, int64_t n_rows, int k, int n_
         fail("cuda expert cache: row {} picks {} experts, the cache holds {}", r, added, capacity);
       break;
     }
-    for (int j = 0; j < k; ++j) seen[static_cast<size_t>(row[j])] = 1;
+    for (int j = 0; j < k; ++j) {
+      if (row[j] >= 0) seen[static_cast<size_t>(row[j])] = 1;
+    }
     distinct += added;
   }
   return r - r0;

@@ -116,6 +116,10 @@ void ExpertStream::fetch(const MoeWeights& w, const int32_t* ids, int64_t count,
   const int n_expert = static_cast<int>(w.down_exps.view.ne[2]);
   for (int64_t i = 0; i < count; ++i) {
     const int e = ids[i];
+    if (e == -1) {  // routed nowhere (a NaN logit): the kernels write NaN, as for a resident expert
+      slots[i] = -1;
+      continue;
+    }
     if (e < 0 || e >= n_expert)
       fail("cuda expert cache: expert id {} is outside [0, {})", e, n_expert);
     ++stats_.lookups;
