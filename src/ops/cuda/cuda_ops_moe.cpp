@@ -5,6 +5,7 @@
 // the routed experts of runs of rows over the device pool.
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -60,10 +61,8 @@ void CudaOps::moe_block(const MoeWeights& w, const float* x, float* out, int64_t
   if (experts_) {
     const cuda::ExpertStream::Mats m = experts_->mats(w);
     gate = m.gate, up = m.up, down = m.down;
-  } else if (w.gate_up_exps.present()) {  // gate rows, then up rows, of each expert
-    gate = up = matrix(w.gate_up_exps);
-    gate.out = up.out = gate.out / 2;
-    up.data = static_cast<const uint8_t*>(gate.data) + gate.out * gate.row_bytes;
+  } else if (w.gate_up_exps.present()) {
+    std::tie(gate, up) = cuda::gate_up_halves(matrix(w.gate_up_exps));
   } else {
     gate = matrix(w.gate_exps), up = matrix(w.up_exps);
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "core/error.h"
 #include "ops/cuda/check.h"
@@ -10,8 +11,6 @@
 
 namespace qwenrt::ops::cuda {
 namespace {
-
-constexpr int64_t kAlign = 64;
 
 // "blk.N." of a tensor name ("" when it has none).
 std::string layer_of(const std::string& name) {
@@ -48,10 +47,9 @@ void ExpertStream::note(const Weight& w) {
   if (v.nb[1] != v.row_bytes() || v.nb[2] != v.nb[1] * v.ne[1])
     fail("cuda expert cache: tensor '{}' is not contiguous", w.name);
   if (pool_) fail("cuda expert cache: tensor '{}' noted after the pool was made", w.name);
-  const int64_t bytes = (device_bytes(w) + kAlign - 1) / kAlign * kAlign;
   const std::string layer = layer_of(w.name);
   if (!layer_bytes_.contains(layer)) n_experts_ += v.ne[2];
-  layer_bytes_[layer] += bytes;
+  layer_bytes_[layer] += aligned_device_bytes(w);
   stage_bytes_ = std::max(stage_bytes_, device_bytes(w));
 }
 
@@ -91,13 +89,11 @@ ExpertStream::Mats ExpertStream::mats(const MoeWeights& w) {
              .expert_bytes = slot_bytes_,
              .data = pool_ + off,
              .q8_superblocks = v.dtype == DType::Q8_0 && cuda::q8_0_superblocks_fit(v.ne[0])};
-    off += (device_bytes(t) + kAlign - 1) / kAlign * kAlign;
+    off += aligned_device_bytes(t);
     return x;
   };
   if (w.gate_up_exps.present()) {
-    m.gate = m.up = over_pool(w.gate_up_exps);
-    m.gate.out = m.up.out = m.gate.out / 2;
-    m.up.data = static_cast<const uint8_t*>(m.gate.data) + m.gate.out * m.gate.row_bytes;
+    std::tie(m.gate, m.up) = gate_up_halves(over_pool(w.gate_up_exps));
   } else {
     m.gate = over_pool(w.gate_exps);
     m.up = over_pool(w.up_exps);
@@ -148,7 +144,7 @@ void ExpertStream::load(const MoeWeights& w, int e, int slot) {
   uint8_t* dst = pool_ + slot * slot_bytes_;
   for (const Weight* t : routed_matrices(w)) {
     load_tensor(*t, e, dst);
-    dst += (device_bytes(*t) + kAlign - 1) / kAlign * kAlign;
+    dst += aligned_device_bytes(*t);
   }
   ++stats_.loads;
 }

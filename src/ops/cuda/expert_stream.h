@@ -27,6 +27,15 @@
 
 namespace qwenrt::ops::cuda {
 
+// The gate and up halves of a fused gate_up expert matrix (each expert's gate rows, then its up
+// rows), for the placed tensors and the pool alike.
+inline std::pair<Matrix, Matrix> gate_up_halves(const Matrix& gate_up) {
+  Matrix gate = gate_up, up = gate_up;
+  gate.out = up.out = gate_up.out / 2;
+  up.data = static_cast<const uint8_t*>(gate_up.data) + gate.out * gate_up.row_bytes;
+  return {gate, up};
+}
+
 class ExpertStream {
  public:
   // budget_bytes of device memory for the pool; min_slots: the experts one token picks in a layer.
@@ -65,8 +74,10 @@ class ExpertStream {
     uint64_t run = 0;                              // the fetch call that last asked for it
     std::list<int>::iterator lru;
   };
-  // Device bytes of one expert of t, and whether t is read as F32 (dequantised).
+  // Device bytes of one expert of t (F32 for a type without a kernel), and the same rounded up
+  // to the slot's 64-byte alignment.
   static int64_t device_bytes(const Weight& t);
+  static int64_t aligned_device_bytes(const Weight& t) { return round_up(device_bytes(t), 64); }
   void make_pool();
   void load(const MoeWeights& w, int e, int slot);
   void load_tensor(const Weight& t, int e, uint8_t* dst);
