@@ -6,6 +6,8 @@
 // kernel). Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -37,9 +39,10 @@ std::vector<float> run(const std::string& path, int64_t cache_bytes, ops::Expert
 }
 
 // One expert of the largest layer: in device memory (each tensor as placement holds it: F32 for
-// types without a kernel, 64-byte aligned), and as read from the file.
+// types without a kernel, 64-byte aligned); and the least and most one expert of a layer reads
+// from the file (a Q4_K_M file's layers mix types).
 struct SlotBytes {
-  int64_t device = 0, file = 0;
+  int64_t device = 0, file = 0, file_min = 0;
 };
 SlotBytes slot_bytes(const std::string& path) {
   gguf::File f = gguf::File::open(path).value();
@@ -54,8 +57,12 @@ SlotBytes slot_bytes(const std::string& path) {
     layers[il].file += file;
   }
   SlotBytes s;
+  s.file_min = INT64_MAX;
   for (const SlotBytes& l : layers) {
-    if (l.device > s.device) s = l;
+    if (l.file == 0) continue;
+    s.device = std::max(s.device, l.device);
+    s.file = std::max(s.file, l.file);
+    s.file_min = std::min(s.file_min, l.file);
   }
   return s;
 }
@@ -77,7 +84,8 @@ void expect_streamed_equals_resident(const std::string& path) {
     EXPECT_GT(st.lookups, 0);
     EXPECT_LE(st.hits, st.lookups);
     EXPECT_EQ(st.loads, st.lookups - st.hits);
-    EXPECT_EQ(st.bytes_read, st.loads * slot.file);
+    EXPECT_GE(st.bytes_read, st.loads * slot.file_min);
+    EXPECT_LE(st.bytes_read, st.loads * slot.file);
     if (slots == cfg.n_expert * cfg.n_layer) {
       // Room for every expert: each is read once at most.
       EXPECT_LE(st.loads, cfg.n_expert * cfg.n_layer);
@@ -90,8 +98,10 @@ void expect_streamed_equals_resident(const std::string& path) {
 
 TEST(CudaExpertStream, TinyMoeStreamedEqualsResidentBitForBit) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  // (head_dim 64: the cuda attention's smallest.)
   expect_streamed_equals_resident(
-      testing_support::write_tiny(model::Arch::kQwen35Moe, "cuda_stream_moe.gguf"));
+      testing_support::write_tiny(model::Arch::kQwen35Moe, "cuda_stream_moe.gguf",
+                                  [](model::SynthSpec& s) { s.config.head_dim = 64; }));
 }
 
 // Q4_K_M: Q4_K / Q6_K experts with a kernel, some layers' Q5_0 ones dequantised to F32 in the slot.
@@ -108,7 +118,8 @@ TEST(CudaExpertStream, Qwen4expStreamedEqualsResidentBitForBit) {
 TEST(CudaExpertStream, BudgetBelowOneTokenIsRefused) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string path =
-      testing_support::write_tiny(model::Arch::kQwen35Moe, "cuda_stream_small.gguf");
+      testing_support::write_tiny(model::Arch::kQwen35Moe, "cuda_stream_small.gguf",
+                                  [](model::SynthSpec& s) { s.config.head_dim = 64; });
   const auto cfg = engine::Engine::load(path, {.backend = "ref"})->config();
   try {
     run(path, (cfg.n_expert_used - 1) * slot_bytes(path).device, nullptr);

@@ -212,18 +212,19 @@ void CudaOps::moe_block(const MoeWeights& w, const float* x, float* out, int64_t
       return;
     }
     const bool experts = !dropped(kDropExperts);
-    if (experts) cuda::experts_swiglu(gate, up, rid, k, xr, mid_r, rows, ws_, stream_);
+    // (Each run of rows takes the kernels the whole step of n rows takes.)
+    if (experts) cuda::experts_swiglu(gate, up, rid, k, xr, mid_r, rows, ws_, stream_, n);
     // The routed down, the weighted sum and the shared expert in one launch where it fits
     // (QWENRT_CUDA_DOWN_COMBINE=0: the down pairs, then the combine).
     if (down_combine_ && experts && !dropped(kDropCombine)) {
       join_shared(false);
-      if (cuda::experts_down_combine(down, rid, wr, k, mid_r, sout_r, scale_r, out_r, rows,
-                                     stream_))
+      if (cuda::experts_down_combine(down, rid, wr, k, mid_r, sout_r, scale_r, out_r, rows, stream_,
+                                     n))
         return;
     }
     // Each routed expert's down on its own warps, summed with the shared expert in the combine;
     // the looping kernel where the type has no staged path.
-    if (!experts || cuda::experts_down_pairs(down, rid, k, mid_r, pairs_r, rows, ws_, stream_)) {
+    if (!experts || cuda::experts_down_pairs(down, rid, k, mid_r, pairs_r, rows, ws_, stream_, n)) {
       join_shared(false);
       if (!dropped(kDropCombine))
         cuda::moe_combine_pairs(pairs_r, wr, k, sout_r, scale_r, out_r, rows, dim, stream_);

@@ -19,11 +19,14 @@ std::string layer_of(const std::string& name) {
   return dot == std::string::npos ? "" : name.substr(0, dot + 1);
 }
 
+// Host threads copying a miss into its stage.
+constexpr int kCopyThreads = 4;
+
 }  // namespace
 
 ExpertStream::ExpertStream(int64_t budget_bytes, int64_t file_slot_bytes, int min_slots,
                            cudaStream_t stream)
-    : stream_(stream), budget_(budget_bytes), min_slots_(min_slots) {
+    : stream_(stream), budget_(budget_bytes), min_slots_(min_slots), copiers_(kCopyThreads) {
   if (file_slot_bytes > 0)
     expert_slots_in_budget("cuda expert cache", budget_bytes, file_slot_bytes, min_slots);
   for (auto& e : stage_done_)
@@ -68,8 +71,7 @@ void ExpertStream::make_pool() {
         capacity_, capacity_ * slot_bytes_ / 1048576.0);
   }
   pool_ = static_cast<uint8_t*>(p);
-  slots_.resize(static_cast<size_t>(capacity_));
-  for (int s = 0; s < capacity_; ++s) slots_[s].lru = lru_.insert(lru_.end(), s);
+  slots_ = std::make_unique<ExpertSlots>(capacity_);
   for (auto& s : stage_) s.get(stage_bytes_);
   stats_.capacity = capacity_;
 }
@@ -107,36 +109,22 @@ ExpertStream::Mats ExpertStream::mats(const MoeWeights& w) {
 
 void ExpertStream::fetch(const MoeWeights& w, const int32_t* ids, int64_t count, int32_t* slots) {
   if (!pool_) make_pool();
-  ++run_;
-  const void* layer = w.down_exps.view.data;
   const int n_expert = static_cast<int>(w.down_exps.view.ne[2]);
   for (int64_t i = 0; i < count; ++i) {
-    const int e = ids[i];
-    if (e == -1) {  // routed nowhere (a NaN logit): the kernels write NaN, as for a resident expert
-      slots[i] = -1;
-      continue;
-    }
-    if (e < 0 || e >= n_expert)
-      fail("cuda expert cache: expert id {} is outside [0, {})", e, n_expert);
+    // -1: routed nowhere (a NaN logit): slot -1, and the kernels write NaN as for resident experts
+    if (ids[i] != -1 && (ids[i] < 0 || ids[i] >= n_expert))
+      fail("cuda expert cache: expert id {} is outside [0, {})", ids[i], n_expert);
+  }
+  if (static_cast<int64_t>(miss_.size()) < count) miss_.resize(static_cast<size_t>(count));
+  slots_->run(w.down_exps.view.data, ids, count, slots, miss_.data());
+  for (int64_t i = 0; i < count; ++i) {
+    if (ids[i] == -1) continue;
     ++stats_.lookups;
-    const auto key = std::make_pair(layer, e);
-    auto it = where_.find(key);
-    int s;
-    if (it != where_.end()) {
-      s = it->second;
-      ++stats_.hits;
+    if (miss_[i]) {
+      load(w, ids[i], slots[i]);
     } else {
-      s = lru_.back();
-      if (slots_[s].run == run_)
-        fail("cuda expert cache: all {} slots hold experts of this run", capacity_);
-      if (slots_[s].key.first) where_.erase(slots_[s].key);
-      load(w, e, s);
-      slots_[s].key = key;
-      where_[key] = s;
+      ++stats_.hits;
     }
-    slots_[s].run = run_;
-    lru_.splice(lru_.begin(), lru_, slots_[s].lru);
-    slots[i] = s;
   }
 }
 
@@ -157,11 +145,20 @@ void ExpertStream::load_tensor(const Weight& t, int e, uint8_t* dst) {
   stage_next_ ^= 1;
   QWENRT_CUDA_CHECK(cudaEventSynchronize(stage_done_[i]));
   uint8_t* stage = stage_[i].get(stage_bytes_);
-  if (cuda::has_kernel(v.dtype)) {
-    std::memcpy(stage, src, static_cast<size_t>(bytes));
-  } else {
-    quant::dequantize(v.dtype, src, reinterpret_cast<float*>(stage), v.ne[0] * v.ne[1], t.name);
-  }
+  // The matrix's rows split between the copying threads.
+  const bool kernel = cuda::has_kernel(v.dtype);
+  const int64_t rows = v.ne[1];
+  copiers_.run(kCopyThreads, [&](int part, int parts) {
+    const int64_t r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
+    if (r1 == r0) return;
+    const uint8_t* from = src + r0 * v.nb[1];
+    if (kernel) {
+      std::memcpy(stage + r0 * v.nb[1], from, static_cast<size_t>((r1 - r0) * v.nb[1]));
+    } else {
+      quant::dequantize(v.dtype, from, reinterpret_cast<float*>(stage) + r0 * v.ne[0],
+                        (r1 - r0) * v.ne[0], t.name);
+    }
+  });
   stats_.bytes_read += v.nb[2];
   // Q8_0 rows of whole superblocks are repacked as placement repacks them (cuda_ops.cpp).
   const bool repack = v.dtype == DType::Q8_0 && cuda::q8_0_superblocks_fit(v.ne[0]);

@@ -6,23 +6,25 @@
 // superblocks, types without a kernel dequantised to F32), each 64-byte aligned. The MoE block
 // reads the step's expert ids back, fetches the experts of a run of rows (expert_runs.h) and runs
 // the usual expert kernels over the pool with slot numbers for expert ids: the pool is one
-// "expert tensor" of `capacity` experts whose expert stride is the slot size. A miss evicts the
-// least recently used slot no id of the current run holds, and is copied from the mapping through
-// two pinned stages on the backend's stream (so a slot is overwritten only after the kernels that
-// read it earlier on that stream).
+// "expert tensor" of `capacity` experts whose expert stride is the slot size. ops/expert_slots.h
+// picks the slot a miss overwrites (never one the current run holds). A miss is copied from the
+// mapping by a few host threads into one of two pinned stages, then to its slot on the backend's
+// stream (so a slot is overwritten only after the kernels that read it earlier on that stream).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <list>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/kernels.h"
+#include "ops/expert_slots.h"
 #include "ops/types.h"
 
 namespace qwenrt::ops::cuda {
@@ -69,11 +71,6 @@ class ExpertStream {
   ExpertStats stats() const;
 
  private:
-  struct Slot {
-    std::pair<const void*, int> key{nullptr, -1};  // (the layer's down tensor in the file, expert)
-    uint64_t run = 0;                              // the fetch call that last asked for it
-    std::list<int>::iterator lru;
-  };
   // Device bytes of one expert of t (F32 for a type without a kernel), and the same rounded up
   // to the slot's 64-byte alignment.
   static int64_t device_bytes(const Weight& t);
@@ -90,15 +87,14 @@ class ExpertStream {
   int64_t slot_bytes_ = 0;
   int capacity_ = 0;
   uint8_t* pool_ = nullptr;
-  std::vector<Slot> slots_;
-  std::list<int> lru_;  // front: most recently used
-  std::map<std::pair<const void*, int>, int> where_;
-  uint64_t run_ = 0;
+  std::unique_ptr<ExpertSlots> slots_;  // keyed by the layer's down tensor in the file
+  std::vector<uint8_t> miss_;
   PinnedBuffer stage_[2];
   cudaEvent_t stage_done_[2] = {};
   int stage_next_ = 0;
   int64_t stage_bytes_ = 0;
   DeviceBuffer repack_scratch_;
+  ThreadPool copiers_;  // the host copies of misses (one thread read ~10 GB/s from the mapping)
   PinnedBuffer ids_host_, slots_host_;
   ExpertStats stats_;
 };

@@ -89,22 +89,27 @@ bool matmul_swiglu_mmq(const Matrix& gate, const Matrix& up, const float* x, flo
 // Routed experts (ref::moe_experts), ids [n, k] on the device:
 // y [n * k, ff] = silu(x[r] @ Wg[e]^T) * (x[r] @ Wu[e]^T) for row r, choice j, e = ids[r * k + j].
 // Gate and up are 3D [in, ff, n_expert]; a fused gate_up tensor is passed as two views of it.
+// step_rows (here and in experts_down_pairs / experts_down_combine): the rows the kernel is chosen
+// for when these n are part of a larger step (streamed experts run a step in runs of rows, and
+// each run must take the kernel the whole step takes: the kernels round differently); 0: n.
 void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, int k, const float* x,
-                    float* y, int64_t n, void* workspace, cudaStream_t stream);
+                    float* y, int64_t n, void* workspace, cudaStream_t stream,
+                    int64_t step_rows = 0);
 // y [n, out] = sum_j weights[r * k + j] * (x[r * k + j] @ Wd[ids[r * k + j]]^T), x [n * k, ff].
 void experts_down(const Matrix& down, const int32_t* ids, const float* weights, int k,
                   const float* x, float* y, int64_t n, void* workspace, cudaStream_t stream);
 // The same without the sum: y_pairs [n * k, out] = x[p] @ Wd[ids[p]]^T (moe_combine_pairs adds
 // them). False, having launched nothing, where the type or layout has no such kernel.
 bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const float* x,
-                        float* y_pairs, int64_t n, void* workspace, cudaStream_t stream);
+                        float* y_pairs, int64_t n, void* workspace, cudaStream_t stream,
+                        int64_t step_rows = 0);
 // experts_down_pairs and moe_combine_pairs in one launch (decode-sized steps): y [n, out] =
 // sum_j weights[r k + j] (x[r k + j] @ Wd[ids[r k + j]]^T) + shared_scale[r] shared[r] (shared
 // null: no shared expert). False, having launched nothing, where it has no kernel (the resident
 // GEMV's types, ff a multiple of 256, k ff <= 8192, n k <= 128).
 bool experts_down_combine(const Matrix& down, const int32_t* ids, const float* weights, int k,
                           const float* x, const float* shared, const float* shared_scale, float* y,
-                          int64_t n, cudaStream_t stream);
+                          int64_t n, cudaStream_t stream, int64_t step_rows = 0);
 // The MoE FFN of one decode row after routing (ids, weights [k] on the device; h [dim] its
 // normed input) in two launches, no second stream: the chosen experts' gate / up into mid [k, ff]
 // beside the shared expert's into shared_mid [shared ff], then out [dim] = sum_j weights[j]

@@ -697,7 +697,7 @@ bool matmul_swiglu_mmq(const Matrix& gate, const Matrix& up, const float* x, flo
 }
 
 void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, int k, const float* x,
-                    float* y, int64_t n, void* workspace, cudaStream_t stream) {
+                    float* y, int64_t n, void* workspace, cudaStream_t stream, int64_t step_rows) {
   if (n <= 0) return;
   if (gate.in != up.in || gate.out != up.out || gate.n_expert != up.n_expert)
     cuda_fail("experts_swiglu: gate [{}, {}, {}] and up [{}, {}, {}] differ", gate.in, gate.out,
@@ -708,7 +708,7 @@ void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, in
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
   const int rpb = kThreads / ts;
   const int64_t n_pairs = n * k;
-  if (n == 1 && resident_experts_swiglu(g, u, ids, k, x, gate.in, y, workspace, stream)) return;
+  if ((step_rows > 0 ? step_rows : n) == 1 && resident_experts_swiglu(g, u, ids, k, x, gate.in, y, workspace, stream)) return;
   const Acts a = prepare_acts(x, n, gate.in, is_quantised(gate.dtype) || is_quantised(up.dtype),
                               workspace, stream);
   if (is_quantised(gate.dtype) && staged_experts_swiglu(g, u, ids, k, y, n_pairs, a, stream))
@@ -738,13 +738,14 @@ void experts_down(const Matrix& down, const int32_t* ids, const float* weights, 
 constexpr int64_t kResidentPairsMax = 128;
 
 bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const float* x,
-                        float* y_pairs, int64_t n, void* workspace, cudaStream_t stream) {
+                        float* y_pairs, int64_t n, void* workspace, cudaStream_t stream,
+                        int64_t step_rows) {
   if (n <= 0) return true;
   if (!is_quantised(down.dtype)) return false;
   const MatArg d = mat_arg(down, x, "experts_down_pairs");
   // A decode step's few pairs: the resident kernel (no quantisation launch; ncu on the 35B-A3B's
   // Q4_K down, one row: 9.5 us staged plus 2.2 us quantising).
-  if (n * k <= kResidentPairsMax &&
+  if ((step_rows > 0 ? step_rows : n) * k <= kResidentPairsMax &&
       resident_experts_down_pairs(d, ids, x, down.in, n * k, y_pairs, stream))
     return true;
   if (staging_off() || staged_vec_of(d) < 4) return false;
@@ -757,9 +758,10 @@ bool experts_down_pairs(const Matrix& down, const int32_t* ids, int k, const flo
 
 bool experts_down_combine(const Matrix& down, const int32_t* ids, const float* weights, int k,
                           const float* x, const float* shared, const float* shared_scale, float* y,
-                          int64_t n, cudaStream_t stream) {
+                          int64_t n, cudaStream_t stream, int64_t step_rows) {
   if (n <= 0) return true;
-  if (!is_quantised(down.dtype) || n * k > kResidentPairsMax) return false;
+  if (!is_quantised(down.dtype) || (step_rows > 0 ? step_rows : n) * k > kResidentPairsMax)
+    return false;
   const MatArg d = mat_arg(down, x, "experts_down_combine");
   return resident_experts_down_combine(d, ids, weights, k, x, down.in, shared, shared_scale, y, n,
                                        stream);
