@@ -180,7 +180,7 @@ struct DeltaParams {
   const float* conv_w;
   float* conv_state;
   unsigned* counters;
-  bool early_reads;  // QWENRT_CUDA_DELTA_EARLY=1 (delta_rule_kernel)
+  bool early_reads;  // unless QWENRT_CUDA_DELTA_EARLY=0 (delta_rule_kernel)
 };
 
 // Conv folded in (CK > 0: the conv's taps; every span of the step has at most one row): the
@@ -552,12 +552,12 @@ void launch_delta(const DeviceStep& step, const DeltaParams& prm, cudaStream_t s
   QWENRT_CUDA_CHECK_LAUNCH();
 }
 
-// QWENRT_CUDA_DELTA_EARLY=1: delta_rule_kernel reads the state and the conv's taps and state
-// before its PDL wait (off until measured on a GPU).
+// delta_rule_kernel reads the state and the conv's taps and state before its PDL wait
+// (QWENRT_CUDA_DELTA_EARLY=0: after it; docs/decisions.md has the measurement).
 bool early_reads() {
   static const bool on = [] {
     const char* v = std::getenv("QWENRT_CUDA_DELTA_EARLY");
-    return v != nullptr && std::string(v) == "1";
+    return v == nullptr || std::string(v) != "0";
   }();
   return on;
 }
