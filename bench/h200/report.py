@@ -321,10 +321,12 @@ def render(res: dict, bandwidth: float) -> str:
     meta = res.get("meta", {})
     files = res.get("files", [])
     depth = int(meta.get("depth", 512) or 0)
-    lines = ["# H200: qwenrt vs llama.cpp, decode on full-size synthetic files", ""]
-    if meta.get("command"):
-        lines += [f"Command (on the H200, repository root): `{meta['command']}`", ""]
     gpu = (meta.get("gpu") or "").strip()
+    # The lent machines are H200s and, when none is lent, H100s.
+    card = "H100" if "H100" in gpu else "H200"
+    lines = [f"# {card}: qwenrt vs llama.cpp, decode on full-size synthetic files", ""]
+    if meta.get("command"):
+        lines += [f"Command (on the {card}, repository root): `{meta['command']}`", ""]
     lines.append(f"- Date: {meta.get('started', '?')} to {meta.get('finished', '?')} (UTC).")
     if gpu:
         lines.append(f"- GPU: {gpu}.")
