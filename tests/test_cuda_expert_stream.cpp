@@ -1,15 +1,17 @@
 // Routed experts streamed into device memory on the cuda backend (ops/cuda/expert_stream.h,
 // --expert-cache): the logits equal those with every expert resident, bit for bit, at pools of
-// one token's experts (a run of rows a token, slots evicted all the time), one more and all of
-// them; the counters add up; a budget below one token's experts is refused naming the sizes.
-// Both sides run with QWENRT_CUDA_MOE_ROW=0 (the one-row MoE launch, resident only, is another
-// kernel). Skipped without a GPU.
+// one token's experts (a run of rows a token, slots evicted all the time; misses from the pinned
+// host copy and, with it off, from the file), one more and all of them; the counters add up; a
+// budget below one token's experts is refused naming the sizes. Both sides run with
+// QWENRT_CUDA_MOE_ROW=0 (the one-row MoE launch, resident only, is another kernel). Skipped without
+// a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -24,14 +26,18 @@ namespace qwenrt {
 namespace {
 
 // Prefill of 24 tokens, then 8 decode steps; every step's logits.
-std::vector<float> run(const std::string& path, int64_t cache_bytes, ops::ExpertStats* stats) {
+// host_copy false: misses read from the file through the stages, never the pinned host copy.
+std::vector<float> run(const std::string& path, int64_t cache_bytes, ops::ExpertStats* stats,
+                       bool host_copy = true) {
   setenv("QWENRT_CUDA_MOE_ROW", "0", 1);
+  if (!host_copy) setenv("QWENRT_CUDA_EXPERT_HOST", "0", 1);
   engine::EngineOptions o;
   o.backend = "cuda";
   o.n_ctx = 256;
   o.expert_cache_bytes = cache_bytes;
   auto e = engine::Engine::load(path, o);
   unsetenv("QWENRT_CUDA_MOE_ROW");
+  unsetenv("QWENRT_CUDA_EXPERT_HOST");
   const auto all = testing_support::prefill_then_decode(
       *e, testing_support::random_tokens(32, e->config().n_vocab, 5), 24);
   if (stats) *stats = e->backend().expert_stats();
@@ -72,14 +78,17 @@ void expect_streamed_equals_resident(const std::string& path) {
   const SlotBytes slot = slot_bytes(path);
   ASSERT_GT(slot.device, 0);
   const auto resident = run(path, 0, nullptr);
-  for (int slots : {cfg.n_expert_used, cfg.n_expert_used + 1, cfg.n_expert * cfg.n_layer}) {
+  // (The smallest pool twice: misses from the pinned host copy, and from the file.)
+  const int k = cfg.n_expert_used;
+  for (auto [slots, host_copy] : {std::pair{k, true}, std::pair{k, false}, std::pair{k + 1, true},
+                                  std::pair{cfg.n_expert * cfg.n_layer, true}}) {
     ops::ExpertStats st;
-    const auto streamed = run(path, slots * slot.device, &st);
+    const auto streamed = run(path, slots * slot.device, &st, host_copy);
     ASSERT_EQ(streamed.size(), resident.size());
     size_t differ = 0;
     for (size_t i = 0; i < streamed.size(); ++i) differ += streamed[i] != resident[i];
-    EXPECT_EQ(differ, 0u) << slots << " slots: " << differ << " of " << streamed.size()
-                          << " logits differ";
+    EXPECT_EQ(differ, 0u) << slots << " slots" << (host_copy ? "" : ", no host copy") << ": "
+                          << differ << " of " << streamed.size() << " logits differ";
     EXPECT_EQ(st.capacity, slots);
     EXPECT_GT(st.lookups, 0);
     EXPECT_LE(st.hits, st.lookups);

@@ -1,10 +1,13 @@
 #include "ops/cuda/expert_stream.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <tuple>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
 #include "ops/cuda/check.h"
 #include "ops/expert_budget.h"
 #include "quant/quant.h"
@@ -37,6 +40,7 @@ ExpertStream::~ExpertStream() {
   cudaStreamSynchronize(stream_);
   for (auto& e : stage_done_) cudaEventDestroy(e);
   if (pool_) cudaFree(pool_);
+  if (host_) cudaFreeHost(host_);
 }
 
 int64_t ExpertStream::device_bytes(const Weight& t) {
@@ -52,6 +56,7 @@ void ExpertStream::note(const Weight& w) {
   if (pool_) fail("cuda expert cache: tensor '{}' noted after the pool was made", w.name);
   const std::string layer = layer_of(w.name);
   if (!layer_bytes_.contains(layer)) n_experts_ += v.ne[2];
+  layer_experts_[layer] = v.ne[2];
   layer_bytes_[layer] += aligned_device_bytes(w);
   stage_bytes_ = std::max(stage_bytes_, device_bytes(w));
 }
@@ -74,6 +79,39 @@ void ExpertStream::make_pool() {
   slots_ = std::make_unique<ExpertSlots>(capacity_);
   for (auto& s : stage_) s.get(stage_bytes_);
   stats_.capacity = capacity_;
+  if (capacity_ < n_experts_) make_host_copy();
+}
+
+void ExpertStream::make_host_copy() {
+  const char* env = std::getenv("QWENRT_CUDA_EXPERT_HOST");
+  if (env && std::string(env) == "0") return;
+  int64_t total = 0;
+  for (const auto& [layer, bytes] : layer_bytes_) {
+    host_base_[layer] = total;
+    total += bytes * layer_experts_[layer];
+  }
+  const int64_t room = available_memory();
+  if (total > room / 2) {
+    log(LogLevel::kInfo,
+        "cuda expert cache: the experts ({:.1f} GiB) are more than half the host memory left "
+        "({:.1f} GiB): misses are read from the file",
+        total / 1073741824.0, room / 1073741824.0);
+    return;
+  }
+  void* p = nullptr;
+  if (cudaMallocHost(&p, static_cast<size_t>(total)) != cudaSuccess) {
+    cudaGetLastError();
+    log(LogLevel::kWarn,
+        "cuda expert cache: cannot pin {:.1f} GiB of host memory for the experts: misses are "
+        "read from the file",
+        total / 1073741824.0);
+    return;
+  }
+  host_ = static_cast<uint8_t*>(p);
+  log(LogLevel::kInfo,
+      "cuda expert cache: {} slots in device memory, the experts in {:.1f} GiB of "
+      "pinned host memory",
+      capacity_, total / 1073741824.0);
 }
 
 ExpertStream::Mats ExpertStream::mats(const MoeWeights& w) {
@@ -130,21 +168,38 @@ void ExpertStream::fetch(const MoeWeights& w, const int32_t* ids, int64_t count,
 
 void ExpertStream::load(const MoeWeights& w, int e, int slot) {
   uint8_t* dst = pool_ + slot * slot_bytes_;
+  uint8_t* held = nullptr;  // the expert in the pinned host copy, laid out as in the slot
+  bool fill = false;
+  if (host_) {
+    const std::string layer = layer_of(w.down_exps.name);
+    held = host_ + host_base_.at(layer) + e * layer_bytes_.at(layer);
+    bool& filled = host_filled_[{w.down_exps.view.data, e}];
+    fill = !filled;
+    filled = true;
+  }
+  int64_t off = 0;
   for (const Weight* t : routed_matrices(w)) {
-    load_tensor(*t, e, dst);
-    dst += aligned_device_bytes(*t);
+    stats_.bytes_read += t->view.nb[2];
+    if (held) {
+      if (fill) read_expert(*t, e, held + off);
+      upload(*t, held + off, dst + off);
+    } else {
+      const int i = stage_next_;
+      stage_next_ ^= 1;
+      QWENRT_CUDA_CHECK(cudaEventSynchronize(stage_done_[i]));
+      uint8_t* stage = stage_[i].get(stage_bytes_);
+      read_expert(*t, e, stage);
+      upload(*t, stage, dst + off);
+      QWENRT_CUDA_CHECK(cudaEventRecord(stage_done_[i], stream_));
+    }
+    off += aligned_device_bytes(*t);
   }
   ++stats_.loads;
 }
 
-void ExpertStream::load_tensor(const Weight& t, int e, uint8_t* dst) {
+void ExpertStream::read_expert(const Weight& t, int e, uint8_t* to) {
   const TensorView& v = t.view;
   const auto* src = static_cast<const uint8_t*>(v.data) + e * v.nb[2];
-  const int64_t bytes = device_bytes(t);
-  const int i = stage_next_;
-  stage_next_ ^= 1;
-  QWENRT_CUDA_CHECK(cudaEventSynchronize(stage_done_[i]));
-  uint8_t* stage = stage_[i].get(stage_bytes_);
   // The matrix's rows split between the copying threads.
   const bool kernel = cuda::has_kernel(v.dtype);
   const int64_t rows = v.ne[1];
@@ -153,19 +208,22 @@ void ExpertStream::load_tensor(const Weight& t, int e, uint8_t* dst) {
     if (r1 == r0) return;
     const uint8_t* from = src + r0 * v.nb[1];
     if (kernel) {
-      std::memcpy(stage + r0 * v.nb[1], from, static_cast<size_t>((r1 - r0) * v.nb[1]));
+      std::memcpy(to + r0 * v.nb[1], from, static_cast<size_t>((r1 - r0) * v.nb[1]));
     } else {
-      quant::dequantize(v.dtype, from, reinterpret_cast<float*>(stage) + r0 * v.ne[0],
+      quant::dequantize(v.dtype, from, reinterpret_cast<float*>(to) + r0 * v.ne[0],
                         (r1 - r0) * v.ne[0], t.name);
     }
   });
-  stats_.bytes_read += v.nb[2];
+}
+
+void ExpertStream::upload(const Weight& t, const uint8_t* from, uint8_t* dst) {
+  const TensorView& v = t.view;
+  const int64_t bytes = device_bytes(t);
   // Q8_0 rows of whole superblocks are repacked as placement repacks them (cuda_ops.cpp).
   const bool repack = v.dtype == DType::Q8_0 && cuda::q8_0_superblocks_fit(v.ne[0]);
   uint8_t* to = repack ? repack_scratch_.get(bytes) : dst;
   QWENRT_CUDA_CHECK(
-      cudaMemcpyAsync(to, stage, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
-  QWENRT_CUDA_CHECK(cudaEventRecord(stage_done_[i], stream_));
+      cudaMemcpyAsync(to, from, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
   if (repack) cuda::repack_q8_0_superblocks(to, dst, bytes, stream_);
 }
 

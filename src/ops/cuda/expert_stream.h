@@ -7,9 +7,14 @@
 // reads the step's expert ids back, fetches the experts of a run of rows (expert_runs.h) and runs
 // the usual expert kernels over the pool with slot numbers for expert ids: the pool is one
 // "expert tensor" of `capacity` experts whose expert stride is the slot size. ops/expert_slots.h
-// picks the slot a miss overwrites (never one the current run holds). A miss is copied from the
-// mapping by a few host threads into one of two pinned stages, then to its slot on the backend's
-// stream (so a slot is overwritten only after the kernels that read it earlier on that stream).
+// picks the slot a miss overwrites (never one the current run holds).
+//
+// Where the host has the memory (every routed expert in device form within half of what the
+// process may still take; QWENRT_CUDA_EXPERT_HOST=0: never), each expert is also kept in pinned
+// host memory, laid out as in its slot: filled from the mapping on its first miss, so a later
+// miss is one DMA copy the host only enqueues. Otherwise a miss is copied from the mapping by a
+// few host threads into one of two pinned stages, then to its slot. Either way the copy runs on
+// the backend's stream, so a slot is overwritten only after the kernels that read it earlier.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -76,14 +81,19 @@ class ExpertStream {
   static int64_t device_bytes(const Weight& t);
   static int64_t aligned_device_bytes(const Weight& t) { return round_up(device_bytes(t), 64); }
   void make_pool();
+  void make_host_copy();
   void load(const MoeWeights& w, int e, int slot);
-  void load_tensor(const Weight& t, int e, uint8_t* dst);
+  // Expert e of t, as its slot holds it, into host memory `to` (the copying threads).
+  void read_expert(const Weight& t, int e, uint8_t* to);
+  // From pinned host memory to the slot's part `dst` on the stream (Q8_0 repacked on the way).
+  void upload(const Weight& t, const uint8_t* from, uint8_t* dst);
 
   cudaStream_t stream_;
   int64_t budget_ = 0;
   int min_slots_ = 0;
-  std::map<std::string, int64_t> layer_bytes_;  // "blk.N." -> one expert's device bytes
-  int64_t n_experts_ = 0;                       // the routed experts of every layer
+  std::map<std::string, int64_t> layer_bytes_;    // "blk.N." -> one expert's device bytes
+  std::map<std::string, int64_t> layer_experts_;  // "blk.N." -> its routed experts
+  int64_t n_experts_ = 0;                         // the routed experts of every layer
   int64_t slot_bytes_ = 0;
   int capacity_ = 0;
   uint8_t* pool_ = nullptr;
@@ -94,6 +104,11 @@ class ExpertStream {
   int stage_next_ = 0;
   int64_t stage_bytes_ = 0;
   DeviceBuffer repack_scratch_;
+  // The pinned host copy (null: none): each layer's experts from host_base_[layer], filled on
+  // first use.
+  uint8_t* host_ = nullptr;
+  std::map<std::string, int64_t> host_base_;
+  std::map<std::pair<const void*, int>, bool> host_filled_;
   ThreadPool copiers_;  // the host copies of misses (one thread read ~10 GB/s from the mapping)
   PinnedBuffer ids_host_, slots_host_;
   ExpertStats stats_;
