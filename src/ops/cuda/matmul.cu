@@ -708,7 +708,9 @@ void experts_swiglu(const Matrix& gate, const Matrix& up, const int32_t* ids, in
   const int ts = team_size(std::max(row_units(gate, g.vec), row_units(up, u.vec)));
   const int rpb = kThreads / ts;
   const int64_t n_pairs = n * k;
-  if ((step_rows > 0 ? step_rows : n) == 1 && resident_experts_swiglu(g, u, ids, k, x, gate.in, y, workspace, stream)) return;
+  if ((step_rows > 0 ? step_rows : n) == 1 &&
+      resident_experts_swiglu(g, u, ids, k, x, gate.in, y, workspace, stream))
+    return;
   const Acts a = prepare_acts(x, n, gate.in, is_quantised(gate.dtype) || is_quantised(up.dtype),
                               workspace, stream);
   if (is_quantised(gate.dtype) && staged_experts_swiglu(g, u, ids, k, y, n_pairs, a, stream))
