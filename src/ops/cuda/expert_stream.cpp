@@ -54,15 +54,17 @@ void ExpertStream::note(const Weight& w) {
   if (v.nb[1] != v.row_bytes() || v.nb[2] != v.nb[1] * v.ne[1])
     fail("cuda expert cache: tensor '{}' is not contiguous", w.name);
   if (pool_) fail("cuda expert cache: tensor '{}' noted after the pool was made", w.name);
-  const std::string layer = layer_of(w.name);
-  if (!layer_bytes_.contains(layer)) n_experts_ += v.ne[2];
-  layer_experts_[layer] = v.ne[2];
-  layer_bytes_[layer] += aligned_device_bytes(w);
+  Layer& layer = layers_[layer_of(w.name)];
+  layer.experts = v.ne[2];
+  layer.bytes += aligned_device_bytes(w);
   stage_bytes_ = std::max(stage_bytes_, device_bytes(w));
 }
 
 void ExpertStream::make_pool() {
-  for (const auto& [layer, bytes] : layer_bytes_) slot_bytes_ = std::max(slot_bytes_, bytes);
+  for (const auto& [name, layer] : layers_) {
+    slot_bytes_ = std::max(slot_bytes_, layer.bytes);
+    n_experts_ += layer.experts;
+  }
   if (slot_bytes_ == 0) fail("cuda expert cache: no routed expert tensor was placed");
   const int64_t n = expert_slots_in_budget("cuda expert cache (experts as the device holds them)",
                                            budget_, slot_bytes_, min_slots_);
@@ -85,10 +87,12 @@ void ExpertStream::make_pool() {
 void ExpertStream::make_host_copy() {
   const char* env = std::getenv("QWENRT_CUDA_EXPERT_HOST");
   if (env && std::string(env) == "0") return;
-  int64_t total = 0;
-  for (const auto& [layer, bytes] : layer_bytes_) {
-    host_base_[layer] = total;
-    total += bytes * layer_experts_[layer];
+  int64_t total = 0, experts = 0;
+  for (auto& [name, layer] : layers_) {
+    layer.host = total;
+    layer.first = experts;
+    total += layer.bytes * layer.experts;
+    experts += layer.experts;
   }
   const int64_t room = available_memory();
   if (total > room / 2) {
@@ -108,6 +112,7 @@ void ExpertStream::make_host_copy() {
     return;
   }
   host_ = static_cast<uint8_t*>(p);
+  host_filled_.assign(static_cast<size_t>(experts), 0);
   log(LogLevel::kInfo,
       "cuda expert cache: {} slots in device memory, the experts in {:.1f} GiB of "
       "pinned host memory",
@@ -171,11 +176,11 @@ void ExpertStream::load(const MoeWeights& w, int e, int slot) {
   uint8_t* held = nullptr;  // the expert in the pinned host copy, laid out as in the slot
   bool fill = false;
   if (host_) {
-    const std::string layer = layer_of(w.down_exps.name);
-    held = host_ + host_base_.at(layer) + e * layer_bytes_.at(layer);
-    bool& filled = host_filled_[{w.down_exps.view.data, e}];
+    const Layer& layer = layers_.at(layer_of(w.down_exps.name));
+    held = host_ + layer.host + e * layer.bytes;
+    uint8_t& filled = host_filled_[static_cast<size_t>(layer.first + e)];
     fill = !filled;
-    filled = true;
+    filled = 1;
   }
   int64_t off = 0;
   for (const Weight* t : routed_matrices(w)) {

@@ -73,6 +73,8 @@ class ExpertStream {
   int32_t* host_slots(int64_t n) { return reinterpret_cast<int32_t*>(slots_host_.get(n * 4)); }
 
   int capacity() const { return capacity_; }
+  // bytes_read: the file's bytes of every expert brought into a slot, from the file or from the
+  // pinned host copy alike.
   ExpertStats stats() const;
 
  private:
@@ -91,9 +93,15 @@ class ExpertStream {
   cudaStream_t stream_;
   int64_t budget_ = 0;
   int min_slots_ = 0;
-  std::map<std::string, int64_t> layer_bytes_;    // "blk.N." -> one expert's device bytes
-  std::map<std::string, int64_t> layer_experts_;  // "blk.N." -> its routed experts
-  int64_t n_experts_ = 0;                         // the routed experts of every layer
+  // What note() saw of a layer ("blk.N."), and where its experts lie in the pinned host copy.
+  struct Layer {
+    int64_t bytes = 0;    // one expert in device form, as a slot holds it
+    int64_t experts = 0;  // its routed experts
+    int64_t host = 0;     // its first expert's offset in host_
+    int64_t first = 0;    // its first expert's index in host_filled_
+  };
+  std::map<std::string, Layer> layers_;
+  int64_t n_experts_ = 0;  // the routed experts of every layer (make_pool)
   int64_t slot_bytes_ = 0;
   int capacity_ = 0;
   uint8_t* pool_ = nullptr;
@@ -104,11 +112,9 @@ class ExpertStream {
   int stage_next_ = 0;
   int64_t stage_bytes_ = 0;
   DeviceBuffer repack_scratch_;
-  // The pinned host copy (null: none): each layer's experts from host_base_[layer], filled on
-  // first use.
+  // The pinned host copy (null: none), laid out as layers_ says; each expert filled on first use.
   uint8_t* host_ = nullptr;
-  std::map<std::string, int64_t> host_base_;
-  std::map<std::pair<const void*, int>, bool> host_filled_;
+  std::vector<uint8_t> host_filled_;
   ThreadPool copiers_;  // the host copies of misses (one thread read ~10 GB/s from the mapping)
   PinnedBuffer ids_host_, slots_host_;
   ExpertStats stats_;
