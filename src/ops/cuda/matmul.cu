@@ -1,6 +1,6 @@
 // Matmul kernels of the CUDA backend (kernels.h, "Matmul"): y [n, out] = x [n, in] @ W^T for the
-// types with kernels, the fused SwiGLU of a dense FFN / shared expert, the routed experts, and the
-// embedding lookup.
+// types with kernels, the fused SwiGLU of a dense FFN / shared expert and the routed experts (the
+// embedding lookup is embed.cu).
 //
 // Design (batch-1 decode is a stream over the weights, so everything is a GEMV):
 // - Quantised weights: x is quantised to int8 blocks of 32 with an fp32 scale and dotted against
@@ -46,50 +46,6 @@ constexpr int kMaxGridY = 65535;
 int64_t align256(int64_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
-
-// ---- Float weights ----------------------------------------------------------------------------
-// Element access for F32 / F16 / BF16 rows: `elem` at any alignment the type allows, `unpack` of
-// one 16-byte vector (kPerVec elements) when the rows are 16-byte aligned.
-struct F32W {
-  static constexpr int kPerVec = 4;
-  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
-    return __ldg(reinterpret_cast<const float*>(row) + i);
-  }
-  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
-    f[0] = __int_as_float(v.x);
-    f[1] = __int_as_float(v.y);
-    f[2] = __int_as_float(v.z);
-    f[3] = __int_as_float(v.w);
-  }
-};
-struct F16W {
-  static constexpr int kPerVec = 8;
-  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
-    return qb::half_bits_to_float(qb::load2(row + 2 * i));
-  }
-  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
-    const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = qb::half_bits_to_float(w[i] & 0xffff);
-      f[2 * i + 1] = qb::half_bits_to_float(w[i] >> 16);
-    }
-  }
-};
-struct BF16W {
-  static constexpr int kPerVec = 8;
-  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
-    return qb::bf16_bits_to_float(qb::load2(row + 2 * i));
-  }
-  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
-    const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-  }
-};
 
 // Float rows are read 16 bytes at a time when every row and x row start 16-byte aligned.
 bool float_vec_ok(const Matrix& w, const float* x) {
@@ -540,30 +496,6 @@ void run_group(const Projection* p, int n_p, const float* x, int64_t n, void* wo
   });
 }
 
-// ---- Embedding ----------------------------------------------------------------------------------
-template <class T>
-struct QuantElem {
-  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
-    return qb::dequant_element<T>(row, i);
-  }
-};
-
-// out [n, dim] = rows tokens[0..n) of the table; blockIdx.y walks tokens (stride gridDim.y).
-template <class E>
-__global__ void embed_kernel(const uint8_t* __restrict__ table, int64_t row_bytes, int64_t n_vocab,
-                             int64_t dim, const int32_t* __restrict__ tokens, int64_t n,
-                             float* __restrict__ out) {
-  pdl_launch_dependents();
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= dim) return;
-  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
-    const int32_t id = tokens[t];
-    // Ids are checked on the host; one outside the table still must not read past it.
-    out[t * dim + i] =
-        id >= 0 && id < n_vocab ? E::elem(table + id * row_bytes, i) : __int_as_float(0x7fc00000);
-  }
-}
-
 }  // namespace
 
 namespace mm {
@@ -796,45 +728,6 @@ bool moe_row(const MoeRow& row, bool launch, cudaStream_t stream, const NormRout
     return false;
   return route ? resident_moe_fused(a, *route, launch, stream)
                : resident_moe_row(a, launch, stream);
-}
-
-void embed_rows(const Matrix& table, const int32_t* tokens, int64_t n, float* out,
-                cudaStream_t stream) {
-  if (n <= 0) return;
-  if (!has_kernel(table.dtype))
-    cuda_fail("embed_rows: no CUDA kernel for {}", dtype_name(table.dtype));
-  constexpr int kEmbedThreads = 256;
-  const dim3 grid(static_cast<unsigned>((table.in + kEmbedThreads - 1) / kEmbedThreads),
-                  static_cast<unsigned>(std::min<int64_t>(n, kMaxGridY)));
-  const auto* data = static_cast<const uint8_t*>(table.data);
-  switch (table.dtype) {
-#define QWENRT_EMBED_CASE(TYPE, ELEM)                                                        \
-  case DType::TYPE:                                                                          \
-    embed_kernel<ELEM><<<grid, kEmbedThreads, 0, stream>>>(data, table.row_bytes, table.out, \
-                                                           table.in, tokens, n, out);        \
-    break;
-    QWENRT_EMBED_CASE(Q4_K, QuantElem<qb::Q4K>)
-    QWENRT_EMBED_CASE(Q5_K, QuantElem<qb::Q5K>)
-    QWENRT_EMBED_CASE(Q6_K, QuantElem<qb::Q6K>)
-    case DType::Q8_0:
-      if (table.q8_superblocks) {
-        embed_kernel<QuantElem<qb::Q80S>><<<grid, kEmbedThreads, 0, stream>>>(
-            data, table.row_bytes, table.out, table.in, tokens, n, out);
-      } else {
-        embed_kernel<QuantElem<qb::Q80>><<<grid, kEmbedThreads, 0, stream>>>(
-            data, table.row_bytes, table.out, table.in, tokens, n, out);
-      }
-      break;
-      QWENRT_EMBED_CASE(Q4_0, QuantElem<qb::Q40>)
-      QWENRT_EMBED_CASE(IQ4_XS, QuantElem<qb::IQ4XS>)
-      QWENRT_EMBED_CASE(F32, F32W)
-      QWENRT_EMBED_CASE(F16, F16W)
-      QWENRT_EMBED_CASE(BF16, BF16W)
-#undef QWENRT_EMBED_CASE
-    default:
-      break;
-  }
-  QWENRT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace qwenrt::ops::cuda

@@ -1,4 +1,5 @@
-// What the matmul kernels of this folder share (matmul.cu, gemv_*.cu, moe_mmq.cu, act_quant.cu):
+// What the matmul kernels of this folder share (matmul.cu, gemv_*.cu, moe_mmq.cu, act_quant.cu,
+// embed.cu):
 // the activations and weight matrices as kernels read them, the projection groups, and the entry
 // points each file gives the others. Device and host code; internal to ops/cuda (kernels.h is the
 // backend's interface).
@@ -219,5 +220,49 @@ const void* gemm_prepare_x(const float* x, int64_t n, int64_t in, void* workspac
 // float W).
 void gemm(const Matrix& w, const void* x, int64_t n, float* y, int64_t ldy, void* workspace,
           cudaStream_t stream);
+
+// ---- Float weights ----------------------------------------------------------------------------
+// Element access for F32 / F16 / BF16 rows: `elem` at any alignment the type allows, `unpack` of
+// one 16-byte vector (kPerVec elements) when the rows are 16-byte aligned.
+struct F32W {
+  static constexpr int kPerVec = 4;
+  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
+    return __ldg(reinterpret_cast<const float*>(row) + i);
+  }
+  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
+    f[0] = __int_as_float(v.x);
+    f[1] = __int_as_float(v.y);
+    f[2] = __int_as_float(v.z);
+    f[3] = __int_as_float(v.w);
+  }
+};
+struct F16W {
+  static constexpr int kPerVec = 8;
+  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
+    return qb::half_bits_to_float(qb::load2(row + 2 * i));
+  }
+  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
+    const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = qb::half_bits_to_float(w[i] & 0xffff);
+      f[2 * i + 1] = qb::half_bits_to_float(w[i] >> 16);
+    }
+  }
+};
+struct BF16W {
+  static constexpr int kPerVec = 8;
+  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
+    return qb::bf16_bits_to_float(qb::load2(row + 2 * i));
+  }
+  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
+    const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+};
 
 }  // namespace qwenrt::ops::cuda::mm
