@@ -7,7 +7,7 @@
 RAW holds, per round r and pair: llama-ncmoe<N>-r<r>.out (llama-bench -o json),
 qwenrt-cache<G>-r<r>.out and, where run, qwenrt-file-cache<G>-r<r>.out (qwenrt bench --json),
 each with .rc and .mem (peak device MiB, -1 unknown). tok/s are medians over every repeat of
-every round; the ratio is qwenrt over llama.cpp.
+every round; the ratio is qwenrt over llama.cpp; MB read a token is the mean of the runs' own.
 """
 import argparse
 import json
@@ -107,11 +107,11 @@ def main() -> int:
                 for t, v in got.items():
                     rates[tool].setdefault(t, []).extend(v)
                 for t, v in ex.items():
-                    acc = experts[tool].setdefault(t, {"lookups": 0, "hits": 0, "bytes": 0, "tokens": 0})
+                    acc = experts[tool].setdefault(t, {"lookups": 0, "hits": 0, "bytes": 0, "runs": 0})
                     acc["lookups"] += v.get("lookups", 0)
                     acc["hits"] += v.get("hits", 0)
                     acc["bytes"] += v.get("bytes_per_token", 0)
-                    acc["tokens"] += 1
+                    acc["runs"] += 1
         base = {t: statistics.median(v) for t, v in rates.get("llama.cpp", {}).items() if t != "failed" and v}
         label = f"{g} GiB / ncmoe {n}"
         for tool in runs:
@@ -124,7 +124,7 @@ def main() -> int:
                 ratio = "" if tool == "llama.cpp" or t not in base else f"**{med / base[t]:.2f}**"
                 ex = experts[tool].get(t)
                 hit = fmt(100 * ex["hits"] / ex["lookups"]) + "%" if ex and ex["lookups"] else "-"
-                mb = fmt(ex["bytes"] / ex["tokens"] / 1e6, 2) if ex and ex["tokens"] else "-"
+                mb = fmt(ex["bytes"] / ex["runs"] / 1e6, 2) if ex and ex["runs"] else "-"
                 m = mem[tool]
                 lines.append(f"| {label} | {tool} | {t} | {fmt(med)} | {ratio} | {m if m >= 0 else '-'} | {hit} | {mb} |")
     print("\n".join(lines))
