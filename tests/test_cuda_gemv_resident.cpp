@@ -371,5 +371,25 @@ TEST(CudaMatmulLaunchers, MmaGemvTiledActsEqualRowMajor) {
   }
 }
 
+// The ring form (QWENRT_CUDA_MMA_RING=1: the weights landed in shared memory by bulk copies,
+// persistent blocks) against the loads from global memory (=0): consumer warp w takes the old
+// kernel's warp w's superblocks in the same order and the partial tiles meet in the same order,
+// so the outputs are equal bit for bit (tolerance 0), for one to four n-tiles, one and two
+// m-tiles, row- and tile-ordered activations. Q6_K's rows start 2-byte aligned (1280 wide: 1050
+// bytes a row), so its copies start at the 16-byte boundary below and the 7-row matrix's last
+// row ends past the last 16-byte boundary of the matrix (the bytes after it are loaded, not
+// copied). Without sm_90 both settings run the same kernel.
+TEST(CudaMatmulLaunchers, MmaGemvRingEqualsLoads) {
+  if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(33);
+  const ResidentType types[] = {{DType::Q4_K, false, "Q4_K"},
+                                {DType::Q5_K, false, "Q5_K"},
+                                {DType::Q6_K, false, "Q6_K"},
+                                {DType::Q8_0, true, "Q8_0 superblocks"}};
+  for (const ResidentType& t : types)
+    expect_mma_settings_agree("QWENRT_CUDA_MMA_RING", "1", "0", t, DType::Q6_K,
+                              {3, 8, 9, 16, 17, 24, 32}, 0.0f, rng);
+}
+
 }  // namespace
 }  // namespace qwenrt::ops::cuda

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/mma_quant.cuh"
@@ -134,6 +135,208 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   }
 }
 
+// ---- The ring form (sm_90): the weights through shared memory ---------------------------------
+// The kernel above loads each lane's weight fragments from global memory as it needs them, a few
+// hundred bytes a warp in flight: at 8 rows the 27B's GEMVs stream at 35-53% of the bandwidth
+// (bench/results/h100-batched-decode-2026-12-06.md). Here the blocks are persistent and one
+// producer warp lands the weights in a ring of shared-memory stages with bulk copies
+// (bulk_copy.cuh), tens of kilobytes ahead of the W consumer warps; the next tile's weights load
+// while this tile's partials are summed, and before the previous kernel has finished (PDL: the
+// weights are no earlier kernel's output).
+// - A tile is the old kernel's block (16 MT rows of one matrix, or of gate and up); its k-step c
+//   is superblocks c W .. c W + W - 1, a stage: matrix m's m-tile mt row i of the tile at slot
+//   (m MT + mt) 16 + i of `slot` bytes (W superblocks, plus 16 where a row's bytes need not start
+//   16-byte aligned (Q6_K: the copy starts at the 16-byte boundary below, the lane reads from
+//   the row's own offset), padded so that the slots of rows g = 0..7 fall on four different bank
+//   quarters).
+// - Consumer warp w takes superblock c W + w of each k-step: the superblocks of the old kernel's
+//   warp w in the same order, and the partial tiles meet in the same warp order, so the outputs
+//   are the old kernel's bit for bit (CudaMatmulLaunchers.MmaGemvRingEqualsLoads).
+constexpr int kRingMaxStages = 16;
+constexpr int kRingBarBytes = 2 * kRingMaxStages * 8;
+
+// Bytes a row's slot of W superblocks of T takes (a multiple of 16 that is 32 more than a
+// multiple of 128).
+template <class T>
+constexpr int ring_slot_bytes(int warps) {
+  int s = (warps * T::kBytes + (T::kBytes % 16 != 0 ? 16 : 0) + 15) / 16 * 16;
+  while (s % 128 != 32) s += 16;
+  return s;
+}
+
+template <int NM>
+__device__ __forceinline__ int tile_job(const Group& g, int64_t tile) {
+  int j = 0;
+  if constexpr (NM == 1) {
+    while (j + 1 < g.n_jobs && tile >= g.job[j + 1].first_block) ++j;
+  }
+  return j;
+}
+
+template <class T, int NT, int NM, int MT, bool TL>
+__global__ void __launch_bounds__((kMaxWarps + 1) * 32)
+    mma_ring_kernel(const __grid_constant__ Group g, int n, Acts a, int64_t tiles, int stages) {
+  constexpr int kRows = NM * MT * kTileRows;  // weight rows a stage holds
+  extern __shared__ __align__(128) uint8_t rg_smem[];
+  const int warps = blockDim.x / 32 - 1;  // consumers; the last warp produces
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int slot = ring_slot_bytes<T>(warps);
+  const int64_t stage_bytes = int64_t{kRows} * slot;
+  uint64_t* full = reinterpret_cast<uint64_t*>(rg_smem);
+  uint64_t* empty = full + kRingMaxStages;
+  float* red = reinterpret_cast<float*>(rg_smem + kRingBarBytes);  // NM MT NT 4 32 floats a warp
+  uint8_t* ring =
+      rg_smem + kRingBarBytes + (size_t{NM} * MT * NT * 4 * 32 * 4 * warps + 127) / 128 * 128;
+  const int64_t n_sb = a.in / kSuperElems;
+  const int64_t ksteps = (n_sb + warps - 1) / warps;
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < stages; ++q) {
+      mbar_init(&full[q], 1);
+      mbar_init(&empty[q], warps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  pdl_launch_dependents();
+  // Where row r (< out) of matrix w has superblock sb0's bytes: their offset from the 16-byte
+  // boundary below.
+  auto misalign = [](const MatArg& w, int64_t r, int64_t sb0) {
+    return static_cast<int>(
+        (reinterpret_cast<uintptr_t>(w.data) + r * w.row_bytes + sb0 * T::kBytes) % 16);
+  };
+
+  if (warp == warps) {  // the producer: lane i copies stage rows i, i + 32
+    int64_t it = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int j = tile_job<NM>(g, tile);
+      const int64_t row0 = (tile - g.job[j].first_block) * kTileRows * MT;
+      for (int64_t c = 0; c < ksteps; ++c, ++it) {
+        const int q = static_cast<int>(it % stages);
+        if (it >= stages) mbar_wait(&empty[q], ((it / stages) - 1) & 1);
+        const int64_t sb0 = c * warps;
+        const int64_t bytes = min(int64_t{warps}, n_sb - sb0) * T::kBytes;
+        uint8_t* dst = ring + q * stage_bytes;
+        // Each lane's copies: [lo, hi) from the 16-byte boundary below the row's bytes to the one
+        // above, except at the end of the matrix (no read past it): the last bytes then by plain
+        // loads, before the arrival that publishes them.
+        uintptr_t lo[kRows / 32 + 1], hi[kRows / 32 + 1];
+        uint32_t total = 0;
+#pragma unroll
+        for (int k = 0; k < kRows / 32 + 1; ++k) {
+          const int r = lane + 32 * k;
+          lo[k] = hi[k] = 0;
+          if (r >= kRows) continue;
+          const MatArg& w = g.job[j + r / (MT * kTileRows)].m;
+          const int64_t row = min(row0 + r % (MT * kTileRows), w.out - 1);
+          const uintptr_t begin =
+              reinterpret_cast<uintptr_t>(w.data) + row * w.row_bytes + sb0 * T::kBytes;
+          const uintptr_t end = begin + bytes;
+          const uintptr_t matrix_end = reinterpret_cast<uintptr_t>(w.data) + w.out * w.row_bytes;
+          lo[k] = begin / 16 * 16;
+          hi[k] = (end + 15) / 16 * 16;
+          if (hi[k] > matrix_end) {
+            hi[k] = end / 16 * 16;
+            uint8_t* d = dst + r * slot;
+            for (uintptr_t p = hi[k]; p < end; p += 2)
+              *reinterpret_cast<uint16_t*>(d + (p - lo[k])) = *reinterpret_cast<const uint16_t*>(p);
+          }
+          total += static_cast<uint32_t>(hi[k] - lo[k]);
+        }
+        total = __reduce_add_sync(0xffffffffu, total);
+        __syncwarp();
+        if (lane == 0) mbar_arrive_expect_tx(&full[q], total);
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < kRows / 32 + 1; ++k) {
+          const int r = lane + 32 * k;
+          if (r < kRows && hi[k] > lo[k])
+            bulk_copy_g2s(dst + r * slot, reinterpret_cast<const void*>(lo[k]),
+                          static_cast<uint32_t>(hi[k] - lo[k]), &full[q]);
+        }
+      }
+    }
+    return;
+  }
+
+  const int gq = lane / 4, t = lane % 4;
+  pdl_wait();  // the activations come from the previous kernel
+  const ActLane al = act_lane(a, gq, t);
+  const mmaq::ActTiles at = mmaq::act_tiles(a, gq, t);
+  const int consumers = 32 * warps;
+  int64_t it = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int j = tile_job<NM>(g, tile);
+    const int64_t row0 = (tile - g.job[j].first_block) * kTileRows * MT;
+    const int64_t out = g.job[j].m.out;
+    float acc[NM][MT][NT][4] = {};
+    for (int64_t c = 0; c < ksteps; ++c, ++it) {
+      const int q = static_cast<int>(it % stages);
+      mbar_wait(&full[q], (it / stages) & 1);
+      const int64_t sb0 = c * warps, sb = sb0 + warp;
+      if (sb < n_sb) {
+        const uint8_t* st = ring + q * stage_bytes + warp * T::kBytes;
+        using X = std::conditional_t<T::kK32, mmaq::ActK32<NT, T::kMin>, mmaq::ActK16<NT>>;
+        [[maybe_unused]] X x;
+        if constexpr (!(MT == 1 && !TL)) {
+          if constexpr (TL) {
+            x.load(at, sb);
+          } else {
+            x.load(al, sb, t);
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+          const MatArg& w = g.job[j + m].m;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const int s0 = (m * MT + mt) * kTileRows + gq;
+            const int64_t r0 = min(row0 + kTileRows * mt + gq, out - 1);
+            const int64_t r1 = min(row0 + kTileRows * mt + gq + 8, out - 1);
+            const uint8_t* p0 = st + s0 * slot + misalign(w, r0, sb0);
+            const uint8_t* p1 = st + (s0 + 8) * slot + misalign(w, r1, sb0);
+            const typename T::Raw r = T::load(p0, p1, t);
+            if constexpr (MT == 1 && !TL) {
+              T::template compute<NT>(r, sb, t, al, acc[m][0]);
+            } else {
+              mmaq::apply(T::decode(r), x, acc[m][mt]);
+            }
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[q]);
+    }
+    // The warps' partial tiles, summed in warp order as mma_gemv_kernel does.
+    asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");  // the last tile's reads done
+#pragma unroll
+    for (int m = 0; m < NM; ++m)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            red[(((m * MT + mt) * NT + nt) * 4 + i) * consumers + threadIdx.x] = acc[m][mt][nt][i];
+    asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+    for (int e = threadIdx.x; e < MT * NT * 4 * 32; e += consumers) {
+      const int l = e % 32, v = e / 32;
+      const int mt = v / (NT * 4), nt = v / 4 % NT, i = v % 4;
+      const int64_t row = row0 + kTileRows * mt + l / 4 + 8 * (i / 2);
+      const int col = 8 * nt + 2 * (l % 4) + (i % 2);
+      float sum[NM];
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        sum[m] = 0.0f;
+        for (int w = 0; w < warps; ++w)
+          sum[m] += red[(m * MT * NT * 4 + v) * consumers + w * 32 + l];
+      }
+      if (row >= out || col >= n) continue;
+      const float r = NM == 2 ? silu(sum[0]) * sum[NM - 1] : sum[0];
+      g.job[j].y[int64_t{col} * g.job[j].y_stride + row] = r;
+    }
+  }
+}
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v == nullptr || *v == '\0' ? fallback : std::atoi(v);
@@ -212,6 +415,42 @@ bool mma_fits(const MatArg& m, const Acts& a) {
   return aligned(m.data, need) && m.row_bytes % need == 0;
 }
 
+// The ring form (QWENRT_CUDA_MMA_RING=1; read per call: tests switch it) on sm_90, its ring
+// QWENRT_CUDA_MMA_RING_KB kilobytes a block (default 64; at least two stages).
+bool ring_on() {
+  const char* v = std::getenv("QWENRT_CUDA_MMA_RING");
+  return v && v[0] == '1' && sm90_or_later();
+}
+
+// Launches mma_ring_kernel over g's `tiles` tiles with `warps` consumer warps; false, having
+// launched nothing, where it is off or does not fit (weights not 16-byte aligned, more shared
+// memory than a block has).
+template <class T, int NT, int NM, int MT, bool TL>
+bool launch_ring(const Group& g, int64_t n, const Acts& a, int64_t tiles, int warps,
+                 cudaStream_t stream) {
+  if (!ring_on()) return false;
+  for (int i = 0; i < (NM == 1 ? g.n_jobs : 2); ++i)
+    if (!aligned(g.job[i].m.data, 16)) return false;
+  static const int ring_kb = std::clamp(env_int("QWENRT_CUDA_MMA_RING_KB", 64), 8, 200);
+  const int64_t stage = int64_t{NM} * MT * kTileRows * ring_slot_bytes<T>(warps);
+  const int stages =
+      static_cast<int>(std::clamp<int64_t>(int64_t{ring_kb} * 1024 / stage, 2, kRingMaxStages));
+  const size_t red = (size_t{NM} * MT * NT * 4 * 32 * 4 * warps + 127) / 128 * 128;
+  const size_t smem = kRingBarBytes + red + size_t(stages) * size_t(stage);
+  constexpr size_t kMaxSmem = 227 * 1024;
+  if (smem > kMaxSmem) return false;
+  auto* kernel = mma_ring_kernel<T, NT, NM, MT, TL>;
+  const int threads = 32 * (warps + 1);
+  QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kMaxSmem)));
+  int per_sm = 0;
+  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t grid = std::min<int64_t>(tiles, int64_t{std::max(per_sm, 1)} * sm_count());
+  launch_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(threads), smem, stream, g,
+                   static_cast<int>(n), a, tiles, stages);
+  return true;
+}
+
 // g's jobs get their first row blocks here (NM = 2: gate and up share them).
 template <int NM>
 bool launch_mma(Group g, int64_t n, const Acts& a, cudaStream_t stream) {
@@ -224,6 +463,7 @@ bool launch_mma(Group g, int64_t n, const Acts& a, cudaStream_t stream) {
           if (NM == 1 || i == 0) blocks += (g.job[i].m.out + kTileRows * MT - 1) / (kTileRows * MT);
         }
         const int warps = warps_for(a.in / kSuperElems, NM, MT, NT);
+        if (launch_ring<T, NT, NM, MT, TL>(g, n, a, blocks, warps, stream)) return;
         const size_t smem = size_t{NM} * MT * NT * 4 * 32 * 4 * warps;
         mma_gemv_kernel<T, NT, NM, MT, TL>
             <<<static_cast<unsigned>(blocks), warps * 32, smem, stream>>>(g, static_cast<int>(n),
