@@ -173,8 +173,18 @@ __device__ __forceinline__ int tile_job(const Group& g, int64_t tile) {
   return j;
 }
 
+// Threads a block of the ring kernel may have: warps_for's consumers (4 up to two n-tiles, 8
+// above) and the producer. The bound is the kernel's: at (8 + 1) x 32 for every NT, ptxas gave
+// the kernels of one and two n-tiles 168 registers and spilled the two m-tiles' fragments (Q4_K
+// 5120 x 17408 SwiGLU at 8 rows 0.93x the kernel above, H100) and some of four n-tiles 32
+// registers and kilobytes of spills (the same at 32 rows: 18x slower).
+template <int NT>
+constexpr int ring_max_threads() {
+  return 32 * ((NT <= 2 ? 4 : kMaxWarps) + 1);
+}
+
 template <class T, int NT, int NM, int MT, bool TL>
-__global__ void __launch_bounds__((kMaxWarps + 1) * 32)
+__global__ void __launch_bounds__(ring_max_threads<NT>(), NT <= 2 ? 2 : 1)
     mma_ring_kernel(const __grid_constant__ Group g, int n, Acts a, int64_t tiles, int stages) {
   constexpr int kRows = NM * MT * kTileRows;  // weight rows a stage holds
   extern __shared__ __align__(128) uint8_t rg_smem[];
@@ -428,27 +438,37 @@ bool ring_on() {
 template <class T, int NT, int NM, int MT, bool TL>
 bool launch_ring(const Group& g, int64_t n, const Acts& a, int64_t tiles, int warps,
                  cudaStream_t stream) {
-  if (!ring_on()) return false;
-  for (int i = 0; i < (NM == 1 ? g.n_jobs : 2); ++i)
-    if (!aligned(g.job[i].m.data, 16)) return false;
-  static const int ring_kb = std::clamp(env_int("QWENRT_CUDA_MMA_RING_KB", 64), 8, 200);
-  const int64_t stage = int64_t{NM} * MT * kTileRows * ring_slot_bytes<T>(warps);
-  const int stages =
-      static_cast<int>(std::clamp<int64_t>(int64_t{ring_kb} * 1024 / stage, 2, kRingMaxStages));
-  const size_t red = (size_t{NM} * MT * NT * 4 * 32 * 4 * warps + 127) / 128 * 128;
-  const size_t smem = kRingBarBytes + red + size_t(stages) * size_t(stage);
-  constexpr size_t kMaxSmem = 227 * 1024;
-  if (smem > kMaxSmem) return false;
-  auto* kernel = mma_ring_kernel<T, NT, NM, MT, TL>;
-  const int threads = 32 * (warps + 1);
-  QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kMaxSmem)));
-  int per_sm = 0;
-  QWENRT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  const int64_t grid = std::min<int64_t>(tiles, int64_t{std::max(per_sm, 1)} * sm_count());
-  launch_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(threads), smem, stream, g,
-                   static_cast<int>(n), a, tiles, stages);
-  return true;
+  // Not where ptxas spills the consumers' fragments at the ring's register bound: two m-tiles
+  // of two n-tiles with mins (Q4_K / Q5_K at 9..16 rows, 88-432 bytes) and gate and up at four
+  // n-tiles (about a kilobyte); nor eight n-tiles (more rows than the launchers send).
+  constexpr bool kFits = NT <= 4 && !(NT == 2 && MT == 2 && T::kMin) && !(NT == 4 && NM == 2);
+  if constexpr (!kFits) {
+    return false;
+  } else {
+    if (!ring_on()) return false;
+    for (int i = 0; i < (NM == 1 ? g.n_jobs : 2); ++i)
+      if (!aligned(g.job[i].m.data, 16)) return false;
+    static const int ring_kb = std::clamp(env_int("QWENRT_CUDA_MMA_RING_KB", 64), 8, 200);
+    const int64_t stage = int64_t{NM} * MT * kTileRows * ring_slot_bytes<T>(warps);
+    const int stages =
+        static_cast<int>(std::clamp<int64_t>(int64_t{ring_kb} * 1024 / stage, 2, kRingMaxStages));
+    const size_t red = (size_t{NM} * MT * NT * 4 * 32 * 4 * warps + 127) / 128 * 128;
+    const size_t smem = kRingBarBytes + red + size_t(stages) * size_t(stage);
+    constexpr size_t kMaxSmem = 227 * 1024;
+    if (smem > kMaxSmem) return false;
+    auto* kernel = mma_ring_kernel<T, NT, NM, MT, TL>;
+    const int threads = 32 * (warps + 1);
+    if (threads > ring_max_threads<NT>()) return false;  // (QWENRT_CUDA_MMA_WARPS above the rule)
+    QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kMaxSmem)));
+    int per_sm = 0;
+    QWENRT_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    const int64_t grid = std::min<int64_t>(tiles, int64_t{std::max(per_sm, 1)} * sm_count());
+    launch_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(threads), smem, stream, g,
+                     static_cast<int>(n), a, tiles, stages);
+    return true;
+  }
 }
 
 // g's jobs get their first row blocks here (NM = 2: gate and up share them).
