@@ -42,6 +42,47 @@ using mmaq::act_lane;
 using mmaq::ActLane;
 using mmaq::kSuperElems;
 
+// The warps' partial tiles into shared memory, thread tid of the block's warps:
+// red[(((m * MT + mt) * NT + nt) * 4 + i) * warps * 32 + tid].
+template <int NM, int MT, int NT>
+__device__ __forceinline__ void put_partials(float* red, const float (&acc)[NM][MT][NT][4],
+                                             int warps, int tid) {
+#pragma unroll
+  for (int m = 0; m < NM; ++m)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          red[(((m * MT + mt) * NT + nt) * 4 + i) * warps * 32 + tid] = acc[m][mt][nt][i];
+}
+
+// The tile's outputs (16 MT rows of job j from row0, n activation rows) from the partials, summed
+// in warp order, by threads tid of nthreads; NM = 2: silu(gate) * up. After put_partials and a
+// barrier of the same threads.
+template <int NM, int MT, int NT>
+__device__ __forceinline__ void store_tile(const Group& g, int j, int64_t row0, int n,
+                                           const float* red, int warps, int tid, int nthreads) {
+  const int64_t out = g.job[j].m.out;
+  for (int e = tid; e < MT * NT * 4 * 32; e += nthreads) {
+    const int l = e % 32, v = e / 32;  // v = (mt * NT + nt) * 4 + i
+    const int mt = v / (NT * 4), nt = v / 4 % NT, i = v % 4;
+    const int64_t row = row0 + kTileRows * mt + l / 4 + 8 * (i / 2);
+    const int col = 8 * nt + 2 * (l % 4) + (i % 2);
+    float sum[NM];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      sum[m] = 0.0f;
+      for (int w = 0; w < warps; ++w)
+        sum[m] += red[(m * MT * NT * 4 + v) * warps * 32 + w * 32 + l];
+    }
+    if (row >= out || col >= n) continue;
+    const float r = NM == 2 ? silu(sum[0]) * sum[NM - 1] : sum[0];
+    g.job[j].y[int64_t{col} * g.job[j].y_stride + row] = r;
+  }
+}
+
 // ---- The kernel -----------------------------------------------------------------------------
 // NM = 1: a group of matrices (blockIdx.x over every job's row tiles, jobs of one type);
 // NM = 2: job 0 is gate, job 1 up, y = silu(gate) * up into job 0's y.
@@ -105,34 +146,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       }
     }
   }
-  // The warps' partial tiles: red[(((m * MT + mt) * NT + nt) * 4 + i) * warps * 32 + warp * 32 +
-  // lane].
-#pragma unroll
-  for (int m = 0; m < NM; ++m)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          red[(((m * MT + mt) * NT + nt) * 4 + i) * warps * 32 + threadIdx.x] = acc[m][mt][nt][i];
+  put_partials(red, acc, warps, threadIdx.x);
   __syncthreads();
-  for (int e = threadIdx.x; e < MT * NT * 4 * 32; e += blockDim.x) {
-    const int l = e % 32, v = e / 32;  // v = (mt * NT + nt) * 4 + i
-    const int mt = v / (NT * 4), nt = v / 4 % NT, i = v % 4;
-    const int64_t row = row0 + kTileRows * mt + l / 4 + 8 * (i / 2);
-    const int col = 8 * nt + 2 * (l % 4) + (i % 2);
-    float sum[NM];
-#pragma unroll
-    for (int m = 0; m < NM; ++m) {
-      sum[m] = 0.0f;
-      for (int w = 0; w < warps; ++w)
-        sum[m] += red[(m * MT * NT * 4 + v) * warps * 32 + w * 32 + l];
-    }
-    if (row >= out || col >= n) continue;
-    const float r = NM == 2 ? silu(sum[0]) * sum[NM - 1] : sum[0];
-    g.job[j].y[int64_t{col} * g.job[j].y_stride + row] = r;
-  }
+  store_tile<NM, MT, NT>(g, j, row0, n, red, warps, threadIdx.x, blockDim.x);
 }
 
 // ---- The ring form (sm_90): the weights through shared memory ---------------------------------
@@ -318,32 +334,9 @@ __global__ void __launch_bounds__(ring_max_threads<NT>(), NT <= 2 ? 2 : 1)
     }
     // The warps' partial tiles, summed in warp order as mma_gemv_kernel does.
     asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");  // the last tile's reads done
-#pragma unroll
-    for (int m = 0; m < NM; ++m)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            red[(((m * MT + mt) * NT + nt) * 4 + i) * consumers + threadIdx.x] = acc[m][mt][nt][i];
+    put_partials(red, acc, warps, threadIdx.x);
     asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
-    for (int e = threadIdx.x; e < MT * NT * 4 * 32; e += consumers) {
-      const int l = e % 32, v = e / 32;
-      const int mt = v / (NT * 4), nt = v / 4 % NT, i = v % 4;
-      const int64_t row = row0 + kTileRows * mt + l / 4 + 8 * (i / 2);
-      const int col = 8 * nt + 2 * (l % 4) + (i % 2);
-      float sum[NM];
-#pragma unroll
-      for (int m = 0; m < NM; ++m) {
-        sum[m] = 0.0f;
-        for (int w = 0; w < warps; ++w)
-          sum[m] += red[(m * MT * NT * 4 + v) * consumers + w * 32 + l];
-      }
-      if (row >= out || col >= n) continue;
-      const float r = NM == 2 ? silu(sum[0]) * sum[NM - 1] : sum[0];
-      g.job[j].y[int64_t{col} * g.job[j].y_stride + row] = r;
-    }
+    store_tile<NM, MT, NT>(g, j, row0, n, red, warps, threadIdx.x, consumers);
   }
 }
 
