@@ -32,6 +32,20 @@ __device__ __forceinline__ void mbar_init_fence() {
 #endif
 }
 
+// Thread 0 makes a ring's barriers (full[q] for one producer, empty[q] for `consumers` warps,
+// q < stages) as the protocol above has them; then the whole block waits for them.
+__device__ __forceinline__ void mbar_ring_init(uint64_t* full, uint64_t* empty, int stages,
+                                               int consumers) {
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < stages; ++q) {
+      mbar_init(&full[q], 1);
+      mbar_init(&empty[q], static_cast<uint32_t>(consumers));
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+}
+
 // One arrival that also expects `bytes` more from bulk copies before the phase completes.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

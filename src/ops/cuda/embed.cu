@@ -16,8 +16,7 @@ namespace {
 using mm::BF16W;
 using mm::F16W;
 using mm::F32W;
-
-constexpr int kMaxGridY = 65535;  // the hardware limit of gridDim.y
+using mm::kMaxGridY;
 
 template <class T>
 struct QuantElem {

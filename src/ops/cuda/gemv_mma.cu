@@ -42,6 +42,16 @@ using mmaq::act_lane;
 using mmaq::ActLane;
 using mmaq::kSuperElems;
 
+// The job of row tile `tile` (NM = 2: gate and up are jobs 0 and 1 and share every tile).
+template <int NM>
+__device__ __forceinline__ int tile_job(const Group& g, int64_t tile) {
+  int j = 0;
+  if constexpr (NM == 1) {
+    while (j + 1 < g.n_jobs && tile >= g.job[j + 1].first_block) ++j;
+  }
+  return j;
+}
+
 // The warps' partial tiles into shared memory, thread tid of the block's warps:
 // red[(((m * MT + mt) * NT + nt) * 4 + i) * warps * 32 + tid].
 template <int NM, int MT, int NT>
@@ -102,10 +112,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   extern __shared__ float red[];  // NM * MT * NT * 4 * 32 floats per warp
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gq = lane / 4, t = lane % 4;
-  int j = 0;
-  if constexpr (NM == 1) {
-    while (j + 1 < g.n_jobs && int64_t{blockIdx.x} >= g.job[j + 1].first_block) ++j;
-  }
+  const int j = tile_job<NM>(g, blockIdx.x);
   const int64_t row0 = (int64_t{blockIdx.x} - g.job[j].first_block) * kTileRows * MT;
   const int64_t out = g.job[j].m.out;
   const int64_t n_sb = a.in / kSuperElems;
@@ -180,15 +187,6 @@ constexpr int ring_slot_bytes(int warps) {
   return s;
 }
 
-template <int NM>
-__device__ __forceinline__ int tile_job(const Group& g, int64_t tile) {
-  int j = 0;
-  if constexpr (NM == 1) {
-    while (j + 1 < g.n_jobs && tile >= g.job[j + 1].first_block) ++j;
-  }
-  return j;
-}
-
 // Threads a block of the ring kernel may have: warps_for's consumers (4 up to two n-tiles, 8
 // above) and the producer. The bound is the kernel's: at (8 + 1) x 32 for every NT, ptxas gave
 // the kernels of one and two n-tiles 168 registers and spilled the two m-tiles' fragments (Q4_K
@@ -215,18 +213,13 @@ __global__ void __launch_bounds__(ring_max_threads<NT>(), NT <= 2 ? 2 : 1)
       rg_smem + kRingBarBytes + (size_t{NM} * MT * NT * 4 * 32 * 4 * warps + 127) / 128 * 128;
   const int64_t n_sb = a.in / kSuperElems;
   const int64_t ksteps = (n_sb + warps - 1) / warps;
-  if (threadIdx.x == 0) {
-    for (int q = 0; q < stages; ++q) {
-      mbar_init(&full[q], 1);
-      mbar_init(&empty[q], warps);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
+  mbar_ring_init(full, empty, stages, warps);
   pdl_launch_dependents();
   // Where row r (< out) of matrix w has superblock sb0's bytes: their offset from the 16-byte
-  // boundary below.
+  // boundary below (0 for the types of 16-byte blocks: the launcher asks for 16-byte aligned
+  // data, mma_fits for rows of a multiple of 16 bytes).
   auto misalign = [](const MatArg& w, int64_t r, int64_t sb0) {
+    if constexpr (T::kBytes % 16 == 0) return 0;
     return static_cast<int>(
         (reinterpret_cast<uintptr_t>(w.data) + r * w.row_bytes + sb0 * T::kBytes) % 16);
   };

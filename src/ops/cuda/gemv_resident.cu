@@ -68,14 +68,7 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
   float* part = a.xq ? reinterpret_cast<float*>(sq) : sd + a.in / qb::kActBlock;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t n_groups = (a.total_rows + R - 1) / R;
-  if (threadIdx.x == 0) {
-    for (int q = 0; q < NS; ++q) {
-      mbar_init(&full[q], 1);
-      mbar_init(&empty[q], consumers);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
+  mbar_ring_init(full, empty, NS, consumers);
   pdl_launch_dependents();
 
   if (warp == consumers) {  // the producer

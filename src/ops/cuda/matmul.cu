@@ -41,7 +41,6 @@ namespace {
 constexpr int kThreads = 128;  // threads per GEMV block (4 warps)
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxRows = 8;  // activation rows per pass over the weights
-constexpr int kMaxGridY = 65535;
 
 int64_t align256(int64_t bytes) {
   return (bytes + 255) / 256 * 256;

@@ -221,6 +221,8 @@ const void* gemm_prepare_x(const float* x, int64_t n, int64_t in, void* workspac
 void gemm(const Matrix& w, const void* x, int64_t n, float* y, int64_t ldy, void* workspace,
           cudaStream_t stream);
 
+inline constexpr int kMaxGridY = 65535;  // the hardware limit of gridDim.y
+
 // ---- Float weights ----------------------------------------------------------------------------
 // Element access for F32 / F16 / BF16 rows: `elem` at any alignment the type allows, `unpack` of
 // one 16-byte vector (kPerVec elements) when the rows are 16-byte aligned.
@@ -236,33 +238,27 @@ struct F32W {
     f[3] = __int_as_float(v.w);
   }
 };
-struct F16W {
+// F16 and BF16 (BF16 = true): two 16-bit values a 32-bit word.
+template <bool BF16>
+struct Half16W {
   static constexpr int kPerVec = 8;
+  static __device__ __forceinline__ float widen(uint32_t bits) {
+    return BF16 ? qb::bf16_bits_to_float(static_cast<uint16_t>(bits))
+                : qb::half_bits_to_float(static_cast<uint16_t>(bits));
+  }
   static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
-    return qb::half_bits_to_float(qb::load2(row + 2 * i));
+    return widen(qb::load2(row + 2 * i));
   }
   static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
     const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      f[2 * i] = qb::half_bits_to_float(w[i] & 0xffff);
-      f[2 * i + 1] = qb::half_bits_to_float(w[i] >> 16);
+      f[2 * i] = widen(w[i] & 0xffff);
+      f[2 * i + 1] = widen(w[i] >> 16);
     }
   }
 };
-struct BF16W {
-  static constexpr int kPerVec = 8;
-  static __device__ __forceinline__ float elem(const uint8_t* row, int64_t i) {
-    return qb::bf16_bits_to_float(qb::load2(row + 2 * i));
-  }
-  static __device__ __forceinline__ void unpack(const int4& v, float (&f)[kPerVec]) {
-    const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-  }
-};
+using F16W = Half16W<false>;
+using BF16W = Half16W<true>;
 
 }  // namespace qwenrt::ops::cuda::mm
