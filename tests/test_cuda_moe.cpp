@@ -183,6 +183,104 @@ TEST(CudaMoe, RouteMatchesReferenceIncludingTies) {
   }
 }
 
+// The routing's fast way (QWENRT_CUDA_ROUTE_FAST=1: the top k on the float logits, routing.cuh)
+// against the other way and the reference, on rows made to reach both: normal logits (the fast
+// way's rows), the top two a float ulp apart, one expert far ahead (the others' probabilities
+// tiny but unequal), most probabilities underflowing to 0 (unequal logits, equal probabilities:
+// the fast way must hand the row over), denormal logits beside 0, -0 beside +0, few distinct
+// values (ties to the lower id), -inf logits, a NaN row. Ids and weights bit for bit between
+// the two ways; ids equal to ref::moe_route's and weights within the rounding of its
+// differently ordered sum. 2..512 experts, k from 1 to 31 and k equal to the expert count.
+TEST(CudaMoe, RouteFastPathMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr int kKinds = 10;
+  for (const auto& [n_expert, k] :
+       {std::pair{32, 8}, std::pair{64, 4}, std::pair{128, 8}, std::pair{256, 8}, std::pair{256, 1},
+        std::pair{512, 10}, std::pair{512, 31}, std::pair{20, 20}, std::pair{2, 1}}) {
+    const int64_t n = 4 * kKinds;
+    std::vector<float> logits(n * n_expert);
+    for (int64_t r = 0; r < n; ++r) {
+      float* l = logits.data() + r * n_expert;
+      const int kind = static_cast<int>(r % kKinds);
+      for (int e = 0; e < n_expert; ++e) l[e] = normal(rng);
+      const int a = static_cast<int>(rng() % n_expert), b = static_cast<int>(rng() % n_expert);
+      switch (kind) {
+        case 0:
+          break;  // normal logits
+        case 1:   // the top two a float ulp apart
+          l[a] = 6.0f;
+          l[b] = std::nextafter(6.0f, 7.0f);
+          break;
+        case 2:
+          l[a] = 60.0f;
+          break;  // one far ahead
+        case 3:   // most probabilities underflow to 0
+          for (int e = 0; e < n_expert; ++e) l[e] = -800.0f - static_cast<float>(rng() % 4000);
+          l[a] = 0.0f;
+          break;
+        case 4:  // denormal logits beside 0, all on top
+          for (int e = 0; e < n_expert; ++e) l[e] = -10.0f + 0.1f * normal(rng);
+          for (int e = 0; e < std::min(n_expert, 12); ++e) {
+            l[(a + e) % n_expert] =
+                e % 3 == 0 ? 0.0f : std::numeric_limits<float>::denorm_min() * e;
+          }
+          break;
+        case 5:  // -0 beside +0 on top
+          for (int e = 0; e < n_expert; ++e) l[e] = -3.0f - std::fabs(normal(rng));
+          for (int e = 0; e < std::min(n_expert, 9); ++e)
+            l[(a + e) % n_expert] = e % 2 ? -0.0f : 0.0f;
+          break;
+        case 6:  // few distinct values: ties at the top-k boundary
+          for (int e = 0; e < n_expert; ++e) l[e] = static_cast<float>(rng() % 5) * 0.5f;
+          break;
+        case 7:  // -inf logits (probability 0) beside finite ones
+          for (int e = 0; e < n_expert; e += 2) l[e] = -std::numeric_limits<float>::infinity();
+          break;
+        case 8:
+          l[a] = std::numeric_limits<float>::quiet_NaN();
+          break;  // routes nowhere
+        default:  // wide logits
+          for (int e = 0; e < n_expert; ++e) l[e] *= 30.0f;
+          break;
+      }
+    }
+    std::vector<int32_t> want_ids(n * k);
+    std::vector<float> want_w(n * k);
+    ref::moe_route(logits.data(), n, n_expert, k, want_ids.data(), want_w.data());
+    auto d_logits = cuda::to_device(logits.data(), logits.size() * 4);
+    const auto route = [&](const char* fast) {
+      testing_support::ScopedEnv env("QWENRT_CUDA_ROUTE_FAST", fast);
+      EXPECT_EQ(cuda::route_fast(), fast[0] == '1');
+      auto d_ids = cuda::poisoned(n * k), d_w = cuda::poisoned(n * k);
+      cuda::moe_route(d_logits->f(), n, n_expert, k, static_cast<int32_t*>(d_ids->ptr), d_w->f(),
+                      nullptr, nullptr, 0, nullptr, nullptr);
+      return std::pair{device_bits(*d_ids, n * k), device_bits(*d_w, n * k)};
+    };
+    const auto [fast_ids, fast_w] = route("1");
+    const auto [slow_ids, slow_w] = route("0");
+    const std::string at = std::to_string(n_expert) + " experts, top " + std::to_string(k);
+    EXPECT_EQ(fast_ids, slow_ids) << at;
+    EXPECT_EQ(fast_w, slow_w) << at;
+    for (int64_t r = 0; r < n; ++r) {
+      for (int j = 0; j < k; ++j) {
+        const int64_t i = r * k + j;
+        float w;
+        std::memcpy(&w, &fast_w[i], 4);
+        if (r % kKinds == 8) {  // the NaN row
+          EXPECT_EQ(static_cast<int32_t>(fast_ids[i]), -1) << at << ", NaN row " << r;
+          EXPECT_TRUE(std::isnan(w)) << at << ", NaN row " << r;
+          continue;
+        }
+        EXPECT_EQ(static_cast<int32_t>(fast_ids[i]), want_ids[i])
+            << at << ", row " << r << " (kind " << r % kKinds << ") choice " << j;
+        EXPECT_NEAR(w, want_w[i], 1e-6 * std::fabs(want_w[i])) << at << ", row " << r;
+      }
+    }
+  }
+}
+
 // The fused norm and routing kernel (Ops::add_rmsnorm_moe's decode path) against the kernels it
 // replaces, on the same device: x and h bit for bit as add_rmsnorm writes them, logits against a
 // host double dot of that h, ids, weights and the shared gate bit for bit as moe_route computes

@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -122,7 +123,7 @@ __global__ void __launch_bounds__(kRouteThreads)
     route_block_kernel(const float* __restrict__ logits, int n_expert, int k,
                        int32_t* __restrict__ ids, float* __restrict__ weights,
                        const float* __restrict__ x, const float* __restrict__ gate_inp, int64_t dim,
-                       float* __restrict__ shared_scale, const ExpertPrefetch prefetch) {
+                       float* __restrict__ shared_scale, const ExpertPrefetch prefetch, bool fast) {
   pdl_launch_dependents();
   pdl_wait();  // launched dependent (pdl.cuh): before any read
   const int64_t row = blockIdx.x;
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   if (warp != 0) return;
   route_row_warp<kPerLane>(logits + row * n_expert, n_expert, k, ids + row * k, weights + row * k,
-                           prefetch);
+                           prefetch, fast);
 }
 
 // The FFN's input norm, the router and the routing of a decode-sized step in one kernel. Grid
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(kRouteThreads)
                       const float4* __restrict__ router, int n_expert, float* __restrict__ logits,
                       unsigned* __restrict__ counters, int k, int32_t* __restrict__ ids,
                       float* __restrict__ weights, const float* __restrict__ gate_inp,
-                      float* __restrict__ shared_scale, const ExpertPrefetch prefetch) {
+                      float* __restrict__ shared_scale, const ExpertPrefetch prefetch, bool fast) {
   constexpr int kWarps = kRouteThreads / 32;
   pdl_launch_dependents();
   const int64_t row = blockIdx.y;
@@ -208,7 +209,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   if (threadIdx.x == 0) counters[row] = 0;  // ready for the next launch (graph replays too)
   if (warp != 0) return;
   route_row_warp<kPerLane>(logits + row * n_expert, n_expert, k, ids + row * k, weights + row * k,
-                           prefetch);
+                           prefetch, fast);
 }
 
 // out = routed + scale[row] * shared, a float4 per thread (dim % 4 == 0; rows 16-byte aligned).
@@ -253,6 +254,13 @@ __global__ void combine_pairs_kernel(const float* __restrict__ pairs,
 
 }  // namespace
 
+// QWENRT_CUDA_ROUTE_FAST=1: route_row_warp's top k on the float logits (read per call: tests
+// switch it; a captured graph keeps the way it was captured with).
+bool route_fast() {
+  const char* v = std::getenv("QWENRT_CUDA_ROUTE_FAST");
+  return v != nullptr && v[0] == '1';
+}
+
 void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids, float* weights,
                const float* x, const float* gate_inp, int64_t dim, float* shared_scale,
                cudaStream_t stream, const ExpertPrefetch& prefetch) {
@@ -264,7 +272,7 @@ void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids
     with_per_lane(n_expert, [&](auto per_lane) {
       launch_dependent(route_block_kernel<decltype(per_lane)::value>, static_cast<unsigned>(n),
                        kRouteThreads, 0, stream, logits, n_expert, k, ids, weights, x, gate_inp,
-                       dim, shared_scale, prefetch);
+                       dim, shared_scale, prefetch, route_fast());
     });
   } else {
     if (gate_inp) cuda_fail("moe: a shared expert gate with more than 512 experts");
@@ -298,7 +306,7 @@ void moe_norm_route(const NormRouteArgs& a, cudaStream_t stream) {
                        reinterpret_cast<const float4*>(a.norm), a.eps,
                        reinterpret_cast<float4*>(a.h), dim4,
                        reinterpret_cast<const float4*>(a.router), a.n_expert, a.logits, a.counters,
-                       a.k, a.ids, a.weights, a.gate_inp, a.shared_scale, a.prefetch);
+                       a.k, a.ids, a.weights, a.gate_inp, a.shared_scale, a.prefetch, route_fast());
     });
   });
   QWENRT_CUDA_CHECK_LAUNCH();
