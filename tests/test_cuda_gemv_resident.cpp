@@ -371,7 +371,7 @@ TEST(CudaMatmulLaunchers, MmaGemvTiledActsEqualRowMajor) {
   }
 }
 
-// The ring form (QWENRT_CUDA_MMA_RING=1: the weights landed in shared memory by bulk copies,
+// The ring form (the default; =0 off: the weights landed in shared memory by bulk copies,
 // persistent blocks) against the loads from global memory (=0): consumer warp w takes the old
 // kernel's warp w's superblocks in the same order and the partial tiles meet in the same order,
 // so the outputs are equal bit for bit (tolerance 0), for one to four n-tiles, one and two

@@ -266,7 +266,7 @@ void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids
                const float* x, const float* gate_inp, int64_t dim, float* shared_scale,
                cudaStream_t stream, const ExpertPrefetch& prefetch = {});
 // Whether moe_route and moe_norm_route (up to 512 experts) take the top k on the float logits
-// (QWENRT_CUDA_ROUTE_FAST=1, read per call): the same ids and weights (routing.cuh).
+// (unless QWENRT_CUDA_ROUTE_FAST=0, read per call): the same ids and weights (routing.cuh).
 bool route_fast();
 // add_rmsnorm, the router and moe_route of a decode-sized step in one launch
 // (Ops::add_rmsnorm_moe): x [n, dim] += delta; h = rmsnorm(x) * norm (add_rmsnorm's floats, bit for

@@ -254,11 +254,12 @@ __global__ void combine_pairs_kernel(const float* __restrict__ pairs,
 
 }  // namespace
 
-// QWENRT_CUDA_ROUTE_FAST=1: route_row_warp's top k on the float logits (read per call: tests
-// switch it; a captured graph keeps the way it was captured with).
+// route_row_warp's top k on the float logits unless QWENRT_CUDA_ROUTE_FAST=0 (read per call: tests
+// switch it; a captured graph keeps the way it was captured with). The default since session 34
+// (35B-A3B tg128 @ d512 +0.8% on the H100, docs/decisions.md).
 bool route_fast() {
   const char* v = std::getenv("QWENRT_CUDA_ROUTE_FAST");
-  return v != nullptr && v[0] == '1';
+  return !(v != nullptr && v[0] == '0');
 }
 
 void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids, float* weights,
