@@ -145,6 +145,84 @@ TEST(CudaEndToEnd, GraphReplayEqualsEagerSteps) {
   }
 }
 
+// The MTP drafter's steps on the GPU, eager and captured, on the tiny trained models (both carry
+// an MTP block): a prompt fed in 8-row chunks that sample nothing (four of one shape: only a step
+// that ends in a sample may be captured, or its work would be dropped with the capture), decode
+// steps that also return every row's hidden state (captured since the hidden states are read
+// after the sample), the MTP rows of every position in 8-row chunks, then a chain of one-row
+// drafts (MTP steps ending in the drafts' pick: eager, captured, replayed). The graphed engine
+// gives the eager engine's tokens, log-probabilities, hidden states and drafts bit for bit.
+TEST(CudaEndToEnd, GraphReplayEqualsEagerStepsWithHiddenStatesAndDrafts) {
+  if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  struct Record {
+    std::vector<int32_t> tokens, drafts;
+    std::vector<float> logprobs, hidden, draft_hidden;
+  };
+  for (const Prompt& p : trained_prompts()) {
+    const auto run = [&](Engine& e) {
+      Record out;
+      const int64_t d = e.config().n_embd;
+      ops::SamplingRow greedy;
+      greedy.temperature = 0;
+      std::vector<ops::SampledToken> picked;
+      std::vector<float> hidden;
+      std::vector<int32_t> all(p.ids.begin(), p.ids.begin() + 32);
+      std::vector<float> trunk_hidden;
+      Batch b;
+      for (int c = 0; c < 4; ++c) {
+        b.clear();
+        for (int i = 8 * c; i < 8 * c + 8; ++i) b.add(0, all[i], i, i == 31);
+        b.hidden_slots = {0};
+        e.step_sample(b, c == 3 ? std::span(&greedy, 1) : std::span<const ops::SamplingRow>(), 5,
+                      picked, &hidden);
+        trunk_hidden.insert(trunk_hidden.end(), hidden.begin(), hidden.end());
+      }
+      for (int s = 0; s < 12; ++s) {
+        out.tokens.push_back(picked.at(0).id);
+        out.logprobs.push_back(picked.at(0).logprob);
+        all.push_back(picked.at(0).id);
+        b.clear();
+        b.add(0, all.back(), static_cast<int32_t>(all.size() - 1), true);
+        b.hidden_slots = {0};
+        e.step_sample(b, std::span(&greedy, 1), 5, picked, &hidden);
+        trunk_hidden.insert(trunk_hidden.end(), hidden.begin(), hidden.end());
+      }
+      out.hidden = trunk_hidden;
+      // MTP row p: the token at p + 1 with the trunk's hidden state at p.
+      const auto n_rows = static_cast<int32_t>(all.size() - 1);
+      std::vector<int32_t> drafts;
+      std::vector<float> draft_hidden;
+      for (int32_t begin = 0; begin < n_rows; begin += 8) {
+        engine::MtpBatch m;
+        const int32_t end = std::min(begin + 8, n_rows);
+        for (int32_t q = begin; q < end; ++q)
+          m.add(0, all[q + 1], q, std::span(trunk_hidden).subspan(q * d, d), q + 1 == n_rows);
+        e.mtp_draft(m, drafts, draft_hidden);
+      }
+      for (int j = 0; j < 6; ++j) {
+        out.drafts.push_back(drafts.at(0));
+        out.draft_hidden.insert(out.draft_hidden.end(), draft_hidden.begin(), draft_hidden.end());
+        engine::MtpBatch m;
+        m.add(0, drafts.at(0), n_rows + j, std::span(draft_hidden).first(d), true);
+        e.mtp_draft(m, drafts, draft_hidden);
+      }
+      out.drafts.push_back(drafts.at(0));
+      return out;
+    };
+    setenv("QWENRT_CUDA_GRAPHS", "0", 1);
+    auto eager_engine = load(p.gguf, "cuda");
+    unsetenv("QWENRT_CUDA_GRAPHS");
+    auto graphed_engine = load(p.gguf, "cuda");
+    ASSERT_TRUE(eager_engine->has_mtp()) << p.gguf;
+    const Record a = run(*eager_engine), b = run(*graphed_engine);
+    EXPECT_EQ(a.tokens, b.tokens) << p.gguf;
+    EXPECT_EQ(a.logprobs, b.logprobs) << p.gguf;
+    EXPECT_EQ(a.hidden, b.hidden) << p.gguf << ": trunk hidden states";
+    EXPECT_EQ(a.drafts, b.drafts) << p.gguf;
+    EXPECT_EQ(a.draft_hidden, b.draft_hidden) << p.gguf << ": the drafts' hidden states";
+  }
+}
+
 // Three sequences decoding together give each the tokens it gets alone. Alone, a decode step is
 // one row, which the resident GEMV computes; together they take the staged GEMV (matmul.cu): the
 // same int8 activations and weights summed in another order (CudaMatmulLaunchers.

@@ -287,7 +287,8 @@ Engine::Engine(gguf::File file, const EngineOptions& options)
 
 void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
                   const std::vector<int32_t>& slots, const std::vector<uint8_t>* want_output,
-                  state::Track track, bool ends_in_sample, const std::vector<int32_t>* keep) {
+                  state::Track track, bool ends_in_sample, const std::vector<int32_t>* keep,
+                  bool all_hidden, bool mtp_block) {
   const size_t n = tokens.size();
   if (positions.size() != n || slots.size() != n || (want_output && want_output->size() != n)) {
     fail("batch: tokens, positions, slots and want_logits must have the same length");
@@ -356,7 +357,9 @@ void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>
                      .page_table_stride = states_->page_table_stride(),
                      .deltanet_mode = options_.deltanet_mode,
                      .ends_in_sample = ends_in_sample,
-                     .keep_states = any_keep});
+                     .keep_states = any_keep,
+                     .all_hidden = all_hidden,
+                     .mtp_block = mtp_block});
 }
 
 void Engine::advance(state::Track track) {
@@ -392,7 +395,7 @@ const float* Engine::gather_logits(int64_t m, const std::vector<int64_t>& cols) 
 
 arch::ForwardResult Engine::run(const Batch& batch, bool ends_in_sample) {
   plan(batch.tokens, batch.positions, batch.slots, &batch.want_logits, state::Track::kTrunk,
-       ends_in_sample, &batch.keep_states);
+       ends_in_sample, &batch.keep_states, !batch.hidden_slots.empty());
   results_.resize(ops_.size());
   const auto n = static_cast<int64_t>(batch.size()), m = static_cast<int64_t>(output_rows_.size());
   const int64_t handoff = n * config_.n_embd;
@@ -458,7 +461,11 @@ void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> r
     fail("top log-probabilities: {} asked, at most {}", n_top, ops::kMaxTopLogprobs);
   }
   const bool with_hidden = !batch.hidden_slots.empty();
-  const arch::ForwardResult r = run(batch, /*ends_in_sample=*/!with_hidden);
+  // The step ends in Ops::sample only where some row samples; the hidden states are read after
+  // it, so a step that returns them may still be captured and replayed (the MTP drafter's steps).
+  const arch::ForwardResult r = run(batch, /*ends_in_sample=*/wanted > 0);
+  out.resize(output_rows_.size());
+  if (!out.empty()) ops_[head_]->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
   if (with_hidden) {
     const int64_t e = config_.n_embd;
     int64_t n_rows = 0;
@@ -478,8 +485,6 @@ void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> r
       dst += int64_t{s.count} * e;
     }
   }
-  out.resize(output_rows_.size());
-  if (!out.empty()) ops_[head_]->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
 }
 
 void Engine::rollback(int slot, int64_t n_tokens) {
@@ -498,7 +503,7 @@ void Engine::rollback(int slot, int64_t n_tokens) {
   kept_.erase(it);  // once: the history may be overwritten by the next step
 }
 
-arch::ForwardResult Engine::run_mtp(const MtpBatch& batch, int64_t head_rows) {
+arch::ForwardResult Engine::run_mtp(const MtpBatch& batch, int64_t head_rows, bool ends_in_sample) {
   if (!has_mtp()) fail("{}: the model has no MTP block", file_.path());
   const size_t n = batch.tokens.size();
   if (batch.hidden.size() != n * config_.n_embd) {
@@ -506,16 +511,24 @@ arch::ForwardResult Engine::run_mtp(const MtpBatch& batch, int64_t head_rows) {
   }
   if (!batch.want_logits.empty() && batch.want_logits.size() != n)
     fail("MTP batch: {} want_logits flags for {} rows", batch.want_logits.size(), n);
+  // The trunk's hidden states go up before the step begins, so that a backend may capture the
+  // step whole (an upload inside a step ends a capture).
+  const int last = pipeline_parallel() - 1;  // the MTP block is on the last stage
+  const int64_t values = static_cast<int64_t>(n) * config_.n_embd;
+  mtp_inputs_.assign(ops_.size(), nullptr);
+  on_stage(last, [&](int r) {
+    ops_[r]->reset_workspace();
+    mtp_inputs_[r] = ops_[r]->alloc(values);
+    ops_[r]->upload(batch.hidden.data(), mtp_inputs_[r], values);
+  });
   plan(batch.tokens, batch.positions, batch.slots,
-       batch.want_logits.empty() ? nullptr : &batch.want_logits, state::Track::kMtp);
+       batch.want_logits.empty() ? nullptr : &batch.want_logits, state::Track::kMtp, ends_in_sample,
+       nullptr, /*all_hidden=*/false, /*mtp_block=*/true);
   results_.resize(ops_.size());
   const auto m = static_cast<int64_t>(output_rows_.size());
-  on_stage(pipeline_parallel() - 1, [&](int r) {  // the MTP block is on the last stage
-    ops_[r]->reset_workspace();
-    float* hidden = ops_[r]->alloc(static_cast<int64_t>(n) * config_.n_embd);
-    ops_[r]->upload(batch.hidden.data(), hidden, static_cast<int64_t>(n) * config_.n_embd);
-    results_[r] =
-        models_[r]->mtp_forward(*ops_[r], *states_, static_cast<int64_t>(n), m, hidden, head_rows);
+  on_stage(last, [&](int r) {
+    results_[r] = models_[r]->mtp_forward(*ops_[r], *states_, static_cast<int64_t>(n), m,
+                                          mtp_inputs_[r], head_rows);
   });
   advance(state::Track::kMtp);
   arch::ForwardResult r = results_[head_];
@@ -545,14 +558,19 @@ void Engine::mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts,
   const int64_t vocab = options_.draft_vocab > 0 && options_.draft_vocab < config_.n_vocab
                             ? options_.draft_vocab
                             : config_.n_vocab;
-  const arch::ForwardResult r = run_mtp(batch, vocab);
+  // The step ends in the drafts' pick where some row drafts (it may then be captured and
+  // replayed); the hidden states are read after it.
+  const bool drafts_any =
+      batch.want_logits.empty() ||
+      std::find(batch.want_logits.begin(), batch.want_logits.end(), 1) != batch.want_logits.end();
+  const arch::ForwardResult r = run_mtp(batch, vocab, /*ends_in_sample=*/drafts_any);
   const auto m = static_cast<int64_t>(output_rows_.size());
   if (m == 0) return;
-  hidden.resize(m * config_.n_embd);
-  ops_[head_]->download(r.hidden, hidden.data(), m * config_.n_embd);
   greedy_rows_.assign(m, ops::SamplingRow{.temperature = 0.0f, .logprobs = false});
   greedy_picks_.resize(m);
   ops_[head_]->sample(r.logits, vocab, greedy_rows_.data(), 0, greedy_picks_.data());
+  hidden.resize(m * config_.n_embd);
+  ops_[head_]->download(r.hidden, hidden.data(), m * config_.n_embd);
   drafts.resize(m);
   for (int64_t i = 0; i < m; ++i) drafts[i] = greedy_picks_[i].id;
 }

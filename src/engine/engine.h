@@ -172,10 +172,12 @@ class Engine {
   void plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
             const std::vector<int32_t>& slots, const std::vector<uint8_t>* want_output,
             state::Track track, bool ends_in_sample = false,
-            const std::vector<int32_t>* keep = nullptr);
+            const std::vector<int32_t>* keep = nullptr, bool all_hidden = false,
+            bool mtp_block = false);
   arch::ForwardResult run(const Batch& batch, bool ends_in_sample = false);
   // head_rows: the LM head's rows the logits take (0: all).
-  arch::ForwardResult run_mtp(const MtpBatch& batch, int64_t head_rows = 0);
+  arch::ForwardResult run_mtp(const MtpBatch& batch, int64_t head_rows = 0,
+                              bool ends_in_sample = false);
   void advance(state::Track track);
   // Runs fn(rank) for every tensor-parallel rank of pipeline stage `stage` at once (ranks
   // stage * tp_ ..), one thread each (the caller's for the first); the first failure is rethrown
@@ -225,7 +227,8 @@ class Engine {
   std::unique_ptr<ThreadPool> rank_threads_;
   std::vector<arch::ForwardResult> results_;
   std::vector<float> gathered_, part_;
-  std::vector<float> handoff_;  // the residual stream between pipeline stages (host memory)
+  std::vector<float*> mtp_inputs_;  // run_mtp: each rank's copy of the trunk's hidden states
+  std::vector<float> handoff_;      // the residual stream between pipeline stages (host memory)
   std::unique_ptr<state::StateStore> states_;
   // The layout of the step being run (reused: no allocation per step once grown).
   std::vector<ops::Span> spans_;

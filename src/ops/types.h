@@ -87,6 +87,11 @@ struct StepLayout {
   bool ends_in_sample = false;
   // Some span has keep_states set.
   bool keep_states = false;
+  // The step also returns every row's hidden state (ForwardResult::all_hidden): it calls more ops
+  // than the same rows without, so a backend that replays steps keeps them apart.
+  bool all_hidden = false;
+  // The step runs the MTP block (Model::mtp_forward), not the trunk.
+  bool mtp_block = false;
 };
 
 // The KV pool of one attention layer in backend memory: k and v [n_pages, page_size, kv_dim]

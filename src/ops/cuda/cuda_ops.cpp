@@ -218,11 +218,14 @@ void CudaOps::upload_layout(const StepLayout& l) {
 void CudaOps::choose_mode(const StepLayout& l) {
   mode_ = Mode::kEager;
   if (!graphs_enabled_ || !l.ends_in_sample || l.n > kMaxGraphRows) return;
-  // The last element: the DeltaNet mode, whether the step keeps states (a launch more) and
-  // whether QSA layers drop blocks (other kernels than dense attention).
-  const GraphKey key{l.n, l.n_spans, l.n_output_rows, dstep_.max_span_count,
-                     (static_cast<int>(l.deltanet_mode) * 2 + (l.keep_states ? 1 : 0)) * 2 +
-                         (qsa_sparse_ ? 1 : 0)};
+  // The last element: the DeltaNet mode, whether the step keeps states (a launch more), whether
+  // QSA layers drop blocks (other kernels than dense attention), whether it returns every row's
+  // hidden state (a norm more) and whether it is the MTP block's (its head's rows are the
+  // engine's draft vocabulary, the same in every MTP step that ends in a sample).
+  int variant = static_cast<int>(l.deltanet_mode);
+  for (bool bit : {l.keep_states, qsa_sparse_, l.all_hidden, l.mtp_block})
+    variant = variant * 2 + (bit ? 1 : 0);
+  const GraphKey key{l.n, l.n_spans, l.n_output_rows, dstep_.max_span_count, variant};
   auto it = graphs_.find(key);
   if (it != graphs_.end() && it->second.generation == generation()) {
     mode_ = Mode::kReplay;
