@@ -237,7 +237,9 @@ void CudaOps::choose_mode(const StepLayout& l) {
     QWENRT_CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));
     graphs_.erase(it);
   }
-  if (seen_[key]++ == 0) return;  // the first step of a shape runs eagerly (warm-up)
+  int& seen = seen_[key];
+  if (seen < 0) return;     // a capture of this shape met a transfer (end_capture): eager now
+  if (seen++ == 0) return;  // the first step of a shape runs eagerly (warm-up)
   mode_ = Mode::kCapture;
   capture_key_ = key;
   capture_generation_ = generation();
@@ -260,7 +262,7 @@ void CudaOps::end_capture(const char* what) {
     if (g.generation != generation() || what) {
       QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
       QWENRT_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
-      if (what) seen_[capture_key_] = -1000000;  // never again for this shape
+      if (what) seen_[capture_key_] = -1;  // never again for this shape (choose_mode)
     } else {
       log(LogLevel::kInfo, "cuda: captured a {}-row step: {} ops, {} graph nodes",
           std::get<0>(capture_key_), g.n_ops, g.n_nodes);
