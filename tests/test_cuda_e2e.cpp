@@ -146,11 +146,11 @@ TEST(CudaEndToEnd, GraphReplayEqualsEagerSteps) {
 }
 
 // The MTP drafter's steps on the GPU, eager and captured, on the tiny trained models (both carry
-// an MTP block): a prompt fed in 8-row chunks that sample nothing (four of one shape: only a step
-// that ends in a sample may be captured, or its work would be dropped with the capture), decode
-// steps that also return every row's hidden state (captured since the hidden states are read
-// after the sample), the MTP rows of every position in 8-row chunks, then a chain of one-row
-// drafts (MTP steps ending in the drafts' pick: eager, captured, replayed). The graphed engine
+// an MTP block): a prompt fed in 8-row chunks returning their hidden states (the first three of
+// one shape, sampling nothing: eager), decode steps that also return every row's hidden state
+// (captured since the hidden states are read after the sample), the MTP rows of every position
+// in 8-row chunks, then a chain of one-row drafts (MTP steps ending in the drafts' pick: eager,
+// captured, replayed). The graphed engine
 // gives the eager engine's tokens, log-probabilities, hidden states and drafts bit for bit.
 TEST(CudaEndToEnd, GraphReplayEqualsEagerStepsWithHiddenStatesAndDrafts) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";

@@ -356,7 +356,7 @@ void Engine::plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>
                      .page_tables = states_->page_tables(track),
                      .page_table_stride = states_->page_table_stride(),
                      .deltanet_mode = options_.deltanet_mode,
-                     .ends_in_sample = ends_in_sample,
+                     .ends_in_sample = ends_in_sample && !output_rows_.empty(),
                      .keep_states = any_keep,
                      .all_hidden = all_hidden,
                      .mtp_block = mtp_block});
@@ -461,9 +461,9 @@ void Engine::step_sample(const Batch& batch, std::span<const ops::SamplingRow> r
     fail("top log-probabilities: {} asked, at most {}", n_top, ops::kMaxTopLogprobs);
   }
   const bool with_hidden = !batch.hidden_slots.empty();
-  // The step ends in Ops::sample only where some row samples; the hidden states are read after
-  // it, so a step that returns them may still be captured and replayed (the MTP drafter's steps).
-  const arch::ForwardResult r = run(batch, /*ends_in_sample=*/wanted > 0);
+  // The hidden states are read after the sample, so a step that returns them may still be
+  // captured and replayed (the MTP drafter's steps).
+  const arch::ForwardResult r = run(batch, /*ends_in_sample=*/true);
   out.resize(output_rows_.size());
   if (!out.empty()) ops_[head_]->sample(r.logits, config_.n_vocab, rows.data(), n_top, out.data());
   if (with_hidden) {
@@ -558,12 +558,9 @@ void Engine::mtp_draft(const MtpBatch& batch, std::vector<int32_t>& drafts,
   const int64_t vocab = options_.draft_vocab > 0 && options_.draft_vocab < config_.n_vocab
                             ? options_.draft_vocab
                             : config_.n_vocab;
-  // The step ends in the drafts' pick where some row drafts (it may then be captured and
-  // replayed); the hidden states are read after it.
-  const bool drafts_any =
-      batch.want_logits.empty() ||
-      std::find(batch.want_logits.begin(), batch.want_logits.end(), 1) != batch.want_logits.end();
-  const arch::ForwardResult r = run_mtp(batch, vocab, /*ends_in_sample=*/drafts_any);
+  // The step ends in the drafts' pick (it may then be captured and replayed); the hidden states
+  // are read after it.
+  const arch::ForwardResult r = run_mtp(batch, vocab, /*ends_in_sample=*/true);
   const auto m = static_cast<int64_t>(output_rows_.size());
   if (m == 0) return;
   greedy_rows_.assign(m, ops::SamplingRow{.temperature = 0.0f, .logprobs = false});

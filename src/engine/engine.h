@@ -168,7 +168,8 @@ class Engine {
   KvSizes kv_sizes(const EngineOptions& options) const;
   bool streaming_experts_ = false;
   // Checks rows (slot, token, position), groups them into spans, reserves their KV pages on the
-  // track and hands the layout to the backend.
+  // track and hands the layout to the backend. ends_in_sample: the caller samples the step's
+  // output rows right after it (the layout says so only where there are output rows).
   void plan(const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
             const std::vector<int32_t>& slots, const std::vector<uint8_t>* want_output,
             state::Track track, bool ends_in_sample = false,

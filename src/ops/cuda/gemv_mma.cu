@@ -413,7 +413,7 @@ bool mma_fits(const MatArg& m, const Acts& a) {
 
 // The ring form on sm_90 unless QWENRT_CUDA_MMA_RING=0 (read per call: tests switch it), its ring
 // QWENRT_CUDA_MMA_RING_KB kilobytes a block (default 64; at least two stages). The default since
-// session 34: 27B x8 +13%, 4- and 8-row checks 10% cheaper, x16 even (docs/decisions.md).
+// session 34: 27B x8 +13%, 4- and 8-row checks 7-11% cheaper, x16 even (docs/decisions.md).
 bool ring_on() {
   const char* v = std::getenv("QWENRT_CUDA_MMA_RING");
   return !(v && v[0] == '0') && sm90_or_later();

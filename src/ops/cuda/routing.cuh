@@ -194,8 +194,8 @@ __device__ void route_row_warp(const float* l, int n_expert, int k, int32_t* __r
     const bool has = lane < k || (lane == k && rest != 0);
     const float lv = key_logit(lane < k ? chosen_key : rest);
     const double pv = has ? exp(double(lv) - double(mx)) / sum : -1.0;
-    const double next = __shfl_down_sync(0xffffffffu, pv, 1);  // lane 31: its own (k < 31 there)
-    const bool strict = lane >= k || lane == 31 || next < pv;  // next -1: nothing below
+    const double next = __shfl_down_sync(0xffffffffu, pv, 1);  // lane 31 (>= k): its own
+    const bool strict = lane >= k || next < pv;                // next -1: nothing below
     if (__all_sync(0xffffffffu, strict)) {
       for (int j = 0; j < k; ++j) picked += __shfl_sync(0xffffffffu, pv, j);  // ref's order
       chosen_p = pv;
