@@ -213,6 +213,44 @@ class CudaOps final : public Ops {
     Scope s(this, op_class::kElementwise);
     cuda::gather_rows(x, dim, dstep_.output_rows, dstep_.n_output_rows, out, stream_);
   }
+  // A decode row's input norm formed inside the resident GEMV that follows it (matmul_group_norm,
+  // matmul_swiglu_norm: no norm launch); other steps, matrices the resident GEMV does not take,
+  // and QWENRT_CUDA_NORM_GEMV=0 run add_rmsnorm first.
+  void add_rmsnorm_matmuls(const NormedInput& in, int64_t n,
+                           std::span<const Projection> projections) override {
+    cuda::Projection p[kMaxProjections];
+    const int n_p = static_cast<int>(projections.size());
+    if (n != 1 || !norm_gemv_ || projections.size() > kMaxProjections)
+      return Ops::add_rmsnorm_matmuls(in, n, projections);
+    for (int i = 0; i < n_p; ++i) p[i] = {matrix(*projections[i].w), projections[i].y};
+    const cuda::NormIn norm = norm_in(in);
+    if (!cuda::matmul_group_norm(p, n_p, norm, in.h, nullptr, false, stream_))
+      return Ops::add_rmsnorm_matmuls(in, n, projections);
+    if (skip(cuda::matmul_group_workspace_bytes(p, n_p, n))) return;
+    Scope s(this, op_class::kMatmul);
+    if (dropped(kDropGroup)) return;
+    cuda::matmul_group_norm(p, n_p, norm, in.h, ws_, true, stream_);
+    Matrix read[kMaxProjections];
+    for (int i = 0; i < n_p; ++i) read[i] = p[i].w;
+    prefetch_after(std::span<const Matrix>(read, static_cast<size_t>(n_p)), n, stream_);
+  }
+  void add_rmsnorm_ffn_swiglu(const NormedInput& in, const Weight& gate, const Weight& up,
+                              const Weight& down, float* out, int64_t n) override {
+    if (n != 1 || !norm_gemv_) return Ops::add_rmsnorm_ffn_swiglu(in, gate, up, down, out, n);
+    const Matrix g = matrix(gate), u = matrix(up), d = matrix(down);
+    const cuda::NormIn norm = norm_in(in);
+    if (!cuda::matmul_swiglu_norm(g, u, norm, in.h, nullptr, nullptr, false, stream_))
+      return Ops::add_rmsnorm_ffn_swiglu(in, gate, up, down, out, n);
+    float* mid = alloc(n * g.out);
+    const int64_t ws_bytes =
+        std::max(cuda::matmul_swiglu_workspace_bytes(g, n), cuda::matmul_workspace_bytes(d, n));
+    if (skip(ws_bytes)) return;
+    Scope s(this, op_class::kFfn);
+    cuda::matmul_swiglu_norm(g, u, norm, in.h, mid, ws_, true, stream_);
+    prefetch_after({g, u}, n, stream_);
+    cuda::matmul(d, mid, out, n, ws_, stream_);
+    prefetch_after({d}, n, stream_);
+  }
   void ffn_swiglu(const Weight& gate, const Weight& up, const Weight& down, const float* x,
                   float* out, int64_t n) override {
     const int64_t ff = gate.view.ne[1];
@@ -405,6 +443,15 @@ class CudaOps final : public Ops {
     prefetch_after(std::span<const Matrix>(read.begin(), read.size()), n, stream);
   }
 
+  // The norm a GEMV forms itself (add_rmsnorm_matmuls, add_rmsnorm_ffn_swiglu), with its counter.
+  cuda::NormIn norm_in(const NormedInput& in) {
+    return {.x = in.x,
+            .delta = in.delta,
+            .weight = ref::f32_data(*in.norm),
+            .eps = in.eps,
+            .counter = counters(1)};
+  }
+
   // The arguments of the fused norm and routing, less the step's scratch.
   cuda::NormRouteArgs norm_route_args(const NormedInput& in, const MoeWeights& w, int64_t n,
                                       int n_expert, int k);
@@ -529,6 +576,7 @@ class CudaOps final : public Ops {
   // GEMVs' 1,273 / 1,449 / 1,627. QWENRT_CUDA_GROUPED_ROWS sets both.
   int64_t mmq_min_rows_ = 16;
   bool norm_route_ = true;    // add_rmsnorm_moe fused (QWENRT_CUDA_NORM_ROUTE)
+  bool norm_gemv_ = true;     // add_rmsnorm_matmuls / _ffn_swiglu fused (QWENRT_CUDA_NORM_GEMV)
   bool down_combine_ = true;  // experts_down_combine (QWENRT_CUDA_DOWN_COMBINE)
   bool moe_row_ = true;       // a decode row's experts in two launches (QWENRT_CUDA_MOE_ROW)
   bool fused_conv_ = true;    // the DeltaNet decode conv folded in (QWENRT_CUDA_FUSED_CONV)

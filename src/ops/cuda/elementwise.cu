@@ -10,6 +10,7 @@
 #include "ops/cuda/activation.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/warp.cuh"
 
@@ -76,6 +77,7 @@ __global__ void rmsnorm_warp_kernel(float* x, const float* delta, const float* w
 // below, whose stores to x order the loads after them, took 6-7 us for a 2048-wide add_rmsnorm).
 // Safe in place (out == x): every read precedes the block-wide sum, every write follows it.
 constexpr int kRegsMaxVec = 8;  // float4 a thread, at most
+static_assert(kThreads == kNormRowThreads, "the register kernel is norm_row.cuh's row layout");
 
 template <bool kAdd, int NV>
 __global__ void __launch_bounds__(kThreads)
@@ -94,16 +96,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < NV; ++k) {
     const int64_t i = threadIdx.x + int64_t{k} * kThreads;
     v[k] = xr[i];
-    if constexpr (kAdd) {
-      const float4 d = delta[row * dim4 + i];
-      v[k] = make_float4(v[k].x + d.x, v[k].y + d.y, v[k].z + d.z, v[k].w + d.w);
-    }
+    if constexpr (kAdd) v[k] = add4(v[k], delta[row * dim4 + i]);
   }
   float ss = 0;
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     if constexpr (kAdd) xr[threadIdx.x + int64_t{k} * kThreads] = v[k];
-    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    ss += sum_sq4(v[k]);
   }
   ss = warp_sum(ss);
   if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = ss;
@@ -111,12 +110,10 @@ __global__ void __launch_bounds__(kThreads)
   float total = 0;
 #pragma unroll
   for (int q = 0; q < kThreads / 32; ++q) total += s_warp[q];
-  const float inv = 1.0f / sqrtf(total / (4 * dim4) + eps);
+  const float inv = norm_row_inv(total, dim4, eps);
 #pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    out[row * dim4 + threadIdx.x + int64_t{k} * kThreads] = make_float4(
-        v[k].x * inv * w[k].x, v[k].y * inv * w[k].y, v[k].z * inv * w[k].z, v[k].w * inv * w[k].w);
-  }
+  for (int k = 0; k < NV; ++k)
+    out[row * dim4 + threadIdx.x + int64_t{k} * kThreads] = norm_row_scale(v[k], inv, w[k]);
 }
 
 // Other long rows: one block per row. The second pass re-reads x, which the same thread read (or,

@@ -103,10 +103,17 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
   const int n_units = a.in / unit_elems<T>();
   const int u0 = 32 * UPL * s + lane;
   const int j = lane % T::kUnits;
-  pdl_wait();
-  if (a.xq == nullptr) {
-    quantise_x_shared(a.x, a.in, sq, sd, threadIdx.x, 32 * consumers);
+  // The consumers' own barrier (the producer never joins one).
+  const auto bar = [consumers] {
     asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
+  };
+  float* s_h = reinterpret_cast<float*>(st_smem + a.norm_smem);
+  norm_in_prefetch(a);
+  pdl_wait();
+  if (a.norm_w != nullptr) norm_in_shared(a, s_h, threadIdx.x, 32 * consumers, bar);
+  if (a.xq == nullptr) {
+    quantise_x_shared(a.norm_w != nullptr ? s_h : a.x, a.in, sq, sd, threadIdx.x, 32 * consumers);
+    bar();
   }
   LaneActs<T, UPL> act;
   act.load(a.xq ? a.xq : sq, a.xq ? a.xd : sd, u0, j, n_units);
@@ -147,10 +154,11 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
     }
   }
   if (S > 1) {
-    asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
+    bar();
     resident_store_partials<MODE>(a, a.ids, part, part_stride, threadIdx.x, 32 * consumers,
                                   blockIdx.x, gridDim.x);
   }
+  if (a.norm_w != nullptr) norm_in_last(a, s_h, threadIdx.x, 32 * consumers, bar);
 }
 
 // kernel<<<(grid, grid_y), threads, smem, stream>>>(a), with programmatic stream serialization
@@ -160,6 +168,16 @@ void launch_pdl(Kernel* kernel, int64_t grid, int threads, size_t smem, cudaStre
                 const Args& a, unsigned grid_y = 1) {
   launch_with_pdl(pdl_on(), kernel, dim3(static_cast<unsigned>(grid), grid_y),
                   dim3(static_cast<unsigned>(threads)), smem, stream, a);
+}
+
+// A block's shared memory with the norm's h [in] after its `bytes` (16-byte aligned), where a
+// has a norm (ResidentArgs::norm_w); place_norm also sets its offset.
+size_t with_norm(const ResidentArgs& a, size_t bytes) {
+  return a.norm_w != nullptr ? (bytes + 15) / 16 * 16 + size_t(a.in) * 4 : bytes;
+}
+size_t place_norm(ResidentArgs& a, size_t bytes) {
+  a.norm_smem = static_cast<int>((bytes + 15) / 16 * 16);
+  return with_norm(a, bytes);
 }
 
 template <class T, int UPL, int MODE>
@@ -174,9 +192,10 @@ void launch_resident(ResidentArgs a, cudaStream_t stream, unsigned pairs = 1) {
   };
   // kResPairs: the blocks that fit are shared out over the pairs (grid.y).
   const int64_t grid = std::max<int64_t>(
-      1, persistent_grid(kernel, threads, base + part_bytes(8), groups * pairs) / pairs);
+      1,
+      persistent_grid(kernel, threads, with_norm(a, base + part_bytes(8)), groups * pairs) / pairs);
   a.max_groups = static_cast<int>((groups + grid - 1) / grid);
-  const size_t smem = base + part_bytes(a.max_groups);
+  const size_t smem = place_norm(a, base + part_bytes(a.max_groups));
   if (smem > 48 * 1024) {
     QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
@@ -236,12 +255,12 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
     return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
   };
   constexpr size_t kMaxSmem = 227 * 1024;
-  if (base + part_bytes(8) > kMaxSmem) return false;
+  if (with_norm(a, base + part_bytes(8)) > kMaxSmem) return false;
   QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kMaxSmem)));
-  const int64_t grid = persistent_grid(kernel, threads, base + part_bytes(8), groups);
+  const int64_t grid = persistent_grid(kernel, threads, with_norm(a, base + part_bytes(8)), groups);
   a.max_groups = static_cast<int>((groups + grid - 1) / grid);
-  const size_t smem = base + part_bytes(a.max_groups);
+  const size_t smem = place_norm(a, base + part_bytes(a.max_groups));
   if (smem > kMaxSmem) return false;
   launch_pdl(kernel, grid, threads, smem, stream, a);
   return true;
@@ -257,16 +276,18 @@ void launch_gemv(const ResidentArgs& a, cudaStream_t stream, unsigned pairs) {
 // none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
 template <int MODE>
 bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream,
-              unsigned pairs = 1) {
+              unsigned pairs = 1, bool launch = true) {
   if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
+  if (a.norm_w != nullptr && !(MODE == kResJobs || MODE == kResSwiglu)) return false;
   // Each pair's row quantised in the kernel (never by the separate launch, which does one row).
   if (MODE == kResPairs && a.in > kResQuantiseInKernelMax) return false;
   const ResidentPlan plan = resident_plan<MODE>(m, a);
   if (plan.kind == kResNone) return false;
+  if (!launch) return true;
   const ResidentShape shape = plan.shape;
   a.slices = shape.slices;
   a.row_lanes = std::max(1, kResRowWarps / shape.slices);
-  if (a.in > kResQuantiseInKernelMax && workspace != nullptr) {
+  if (a.in > kResQuantiseInKernelMax && workspace != nullptr && a.norm_w == nullptr) {
     const Acts q = prepare_acts(a.x, 1, a.in, true, workspace, stream);
     a.xq = q.q;
     a.xd = q.d;
@@ -348,8 +369,28 @@ bool two_if(const ResidentPlan& p1, const ResidentPlan& p2, const ResidentArgs& 
 
 }  // namespace
 
+namespace {
+
+// The norm a launch forms itself (NormIn) into a's fields; false where it cannot (rows of a width
+// norm_row.cuh's layout does not take, unaligned rows).
+bool set_norm(ResidentArgs& a, const NormIn* norm, float* h) {
+  if (norm == nullptr) return true;
+  if (!norm_in_fits(a.in) || !aligned(norm->x, 16) || !aligned(norm->delta, 16) ||
+      !aligned(norm->weight, 16) || !aligned(h, 16) || norm->counter == nullptr)
+    return false;
+  a.norm_x = norm->x;
+  a.norm_delta = norm->delta;
+  a.norm_w = norm->weight;
+  a.norm_h = h;
+  a.norm_counter = norm->counter;
+  a.norm_eps = norm->eps;
+  return true;
+}
+
+}  // namespace
+
 bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const NormIn* norm, bool launch) {
   ResidentArgs a{};
   a.n_jobs = g.n_jobs;
   int64_t rows = 0;
@@ -366,15 +407,17 @@ bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
   a.total_rows = rows;
   a.x = x;
   a.in = static_cast<int>(in);
-  return in <= (1 << 20) && resident<kResJobs>(g.job[0].m, a, workspace, stream);
+  return in <= (1 << 20) && set_norm(a, norm, const_cast<float*>(x)) &&
+         resident<kResJobs>(g.job[0].m, a, workspace, stream, 1, launch);
 }
 
 bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,
-                     void* workspace, cudaStream_t stream) {
+                     void* workspace, cudaStream_t stream, const NormIn* norm, bool launch) {
   if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
   ResidentArgs a = gate_up_args(g, u, x, in, y);
   a.total_rows = g.out;
-  return resident<kResSwiglu>(g, a, workspace, stream);
+  return set_norm(a, norm, const_cast<float*>(x)) &&
+         resident<kResSwiglu>(g, a, workspace, stream, 1, launch);
 }
 
 bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,

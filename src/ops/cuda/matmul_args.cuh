@@ -165,11 +165,14 @@ void mmq_dense_swiglu(const MatArg& gate, const MatArg& up, const Acts& a, int64
                       cudaStream_t stream, int tile_rows = 0);
 
 // ---- gemv_resident.cu: one activation row, x in fp32 (quantised inside) ----
-// Each returns false, having launched nothing, where it has no kernel or measured slower.
+// Each returns false, having launched nothing, where it has no kernel or measured slower. With
+// `norm`, x is the h the kernel forms from it (NormIn) and writes; launch false: only whether it
+// would launch.
 bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
-                    cudaStream_t stream);
+                    cudaStream_t stream, const NormIn* norm = nullptr, bool launch = true);
 bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,
-                     void* workspace, cudaStream_t stream);
+                     void* workspace, cudaStream_t stream, const NormIn* norm = nullptr,
+                     bool launch = true);
 bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,
                              const float* x, int64_t in, float* y, void* workspace,
                              cudaStream_t stream);

@@ -10,17 +10,18 @@
 
 #include "ops/cuda/activation.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/prefetch.cuh"
 #include "ops/cuda/warp.cuh"
 
 namespace qwenrt::ops::cuda {
 
-inline constexpr int kRouteThreads = 256;
+inline constexpr int kRouteThreads = kNormRowThreads;
 
 // One row of x + delta (dim4 float4s, NV a thread of kRouteThreads) into v, and h = its rmsnorm
-// times w (the thread's norm weights) into s_h [dim4]: elementwise.cu's rmsnorm_regs_kernel
-// arithmetic, so h is add_rmsnorm's bit for bit. Every thread of the block calls it; s_h is
-// complete when it returns.
+// times w (the thread's norm weights) into s_h [dim4]: norm_row.cuh's arithmetic, as
+// elementwise.cu's rmsnorm_regs_kernel does it, so h is add_rmsnorm's bit for bit. Every thread of
+// the block calls it; s_h is complete when it returns.
 template <int NV>
 __device__ __forceinline__ void add_norm_row(const float4* x, const float4* delta,
                                              const float4 (&w)[NV], float eps, int64_t dim4,
@@ -31,26 +32,21 @@ __device__ __forceinline__ void add_norm_row(const float4* x, const float4* delt
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int64_t i = threadIdx.x + int64_t{j} * kRouteThreads;
-    v[j] = x[i];
-    const float4 d = delta[i];
-    v[j] = make_float4(v[j].x + d.x, v[j].y + d.y, v[j].z + d.z, v[j].w + d.w);
+    v[j] = add4(x[i], delta[i]);
   }
   float ss = 0;
 #pragma unroll
-  for (int j = 0; j < NV; ++j)
-    ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+  for (int j = 0; j < NV; ++j) ss += sum_sq4(v[j]);
   ss = warp_sum(ss);
   if (lane == 0) s_warp[warp] = ss;
   __syncthreads();
   float total = 0;
 #pragma unroll
   for (int q = 0; q < kWarps; ++q) total += s_warp[q];
-  const float inv = 1.0f / sqrtf(total / (4 * dim4) + eps);
+  const float inv = norm_row_inv(total, dim4, eps);
 #pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    s_h[threadIdx.x + j * kRouteThreads] = make_float4(
-        v[j].x * inv * w[j].x, v[j].y * inv * w[j].y, v[j].z * inv * w[j].z, v[j].w * inv * w[j].w);
-  }
+  for (int j = 0; j < NV; ++j)
+    s_h[threadIdx.x + j * kRouteThreads] = norm_row_scale(v[j], inv, w[j]);
   __syncthreads();
 }
 
