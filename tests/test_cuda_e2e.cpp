@@ -223,6 +223,50 @@ TEST(CudaEndToEnd, GraphReplayEqualsEagerStepsWithHiddenStatesAndDrafts) {
   }
 }
 
+// Prompt chunks of up to 16 rows that sample nothing (a prompt fed up to a prefix-cache point):
+// such a step must never be captured, since it ends in no sampling launch. Before session 34's
+// fix the second chunk of a shape was captured and then dropped, so its KV and recurrent state
+// were never written and the continuation differed from the eager engine's. Four chunks of eight
+// rows, then the prompt's last row sampling, then eight greedy steps: tokens and log-probabilities
+// equal to the eager engine's.
+TEST(CudaEndToEnd, GraphReplayEqualsEagerAfterPromptChunksThatSampleNothing) {
+  if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const Prompt& p : trained_prompts()) {
+    ASSERT_GE(p.ids.size(), 33u) << p.gguf;
+    const auto run = [&](Engine& e) {
+      ops::SamplingRow greedy_row;
+      greedy_row.temperature = 0;
+      std::vector<ops::SampledToken> picked, out;
+      Batch b;
+      for (int c = 0; c < 4; ++c) {
+        b.clear();
+        for (int i = 8 * c; i < 8 * c + 8; ++i) b.add(0, p.ids[i], i, false);
+        e.step_sample(b, {}, 1, picked);
+        EXPECT_TRUE(picked.empty());
+      }
+      int32_t pos = 32, token = p.ids[32];
+      for (int s = 0; s < 9; ++s) {
+        b.clear();
+        b.add(0, token, pos++, true);
+        e.step_sample(b, std::span(&greedy_row, 1), 1, picked);
+        out.push_back(picked.at(0));
+        token = picked.at(0).id;
+      }
+      return out;
+    };
+    setenv("QWENRT_CUDA_GRAPHS", "0", 1);
+    auto eager_engine = load(p.gguf, "cuda");
+    unsetenv("QWENRT_CUDA_GRAPHS");
+    auto graphed_engine = load(p.gguf, "cuda");
+    const std::vector<ops::SampledToken> a = run(*eager_engine), b = run(*graphed_engine);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].id, b[i].id) << p.gguf << " token " << i;
+      EXPECT_EQ(a[i].logprob, b[i].logprob) << p.gguf << " token " << i;
+    }
+  }
+}
+
 // Three sequences decoding together give each the tokens it gets alone. Alone, a decode step is
 // one row, which the resident GEMV computes; together they take the staged GEMV (matmul.cu): the
 // same int8 activations and weights summed in another order (CudaMatmulLaunchers.
