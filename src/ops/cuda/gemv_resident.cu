@@ -53,7 +53,7 @@ constexpr int stream_max_threads() {
   return 32 * ((MODE == kResSwiglu ? kResMaxSlices : kStreamMaxWarps) + 1);
 }
 
-template <class T, int UPL, int MODE>
+template <class T, int UPL, int MODE, bool kNorm = false>
 __global__ void __launch_bounds__(stream_max_threads<MODE>())
     stream_gemv_kernel(const __grid_constant__ ResidentArgs a) {
   constexpr int NM = resident_mats<MODE>();
@@ -108,11 +108,11 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
     asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
   };
   float* s_h = reinterpret_cast<float*>(st_smem + a.norm_smem);
-  norm_in_prefetch(a);
+  if constexpr (kNorm) norm_in_prefetch(a);
   pdl_wait();
-  if (a.norm_w != nullptr) norm_in_shared(a, s_h, threadIdx.x, 32 * consumers, bar);
+  if constexpr (kNorm) norm_in_shared(a, s_h, threadIdx.x, 32 * consumers, bar);
   if (a.xq == nullptr) {
-    quantise_x_shared(a.norm_w != nullptr ? s_h : a.x, a.in, sq, sd, threadIdx.x, 32 * consumers);
+    quantise_x_shared(kNorm ? s_h : a.x, a.in, sq, sd, threadIdx.x, 32 * consumers);
     bar();
   }
   LaneActs<T, UPL> act;
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
     resident_store_partials<MODE>(a, a.ids, part, part_stride, threadIdx.x, 32 * consumers,
                                   blockIdx.x, gridDim.x);
   }
-  if (a.norm_w != nullptr) norm_in_last(a, s_h, threadIdx.x, 32 * consumers, bar);
+  if constexpr (kNorm) norm_in_last(a, s_h, threadIdx.x, 32 * consumers, bar);
 }
 
 // kernel<<<(grid, grid_y), threads, smem, stream>>>(a), with programmatic stream serialization
@@ -180,10 +180,10 @@ size_t place_norm(ResidentArgs& a, size_t bytes) {
   return with_norm(a, bytes);
 }
 
-template <class T, int UPL, int MODE>
+template <class T, int UPL, int MODE, bool kNorm>
 void launch_resident(ResidentArgs a, cudaStream_t stream, unsigned pairs = 1) {
   constexpr int NM = resident_mats<MODE>();
-  auto* kernel = resident_gemv_kernel<T, UPL, MODE>;
+  auto* kernel = resident_gemv_kernel<T, UPL, MODE, kNorm>;
   const int S = a.slices, R = a.row_lanes, threads = 32 * S * R;
   const int64_t groups = (a.total_rows + R - 1) / R;
   const size_t base = a.xq ? 0 : size_t(a.in) + size_t(a.in / qb::kActBlock) * 4;
@@ -220,7 +220,7 @@ bool stream_on() {
 // Launches the streamed kernel for a (slices set, row_lanes chosen here); false, having launched
 // nothing, where its layout does not fit: rows or expert strides not a multiple of 16 bytes,
 // unaligned weights, fewer than two stages in the ring, or more shared memory than a block has.
-template <class T, int UPL, int MODE>
+template <class T, int UPL, int MODE, bool kNorm>
 bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   constexpr int NM = resident_mats<MODE>();
   // Measured (bench/results/h200-decode-stream.md): faster on rows of 5120 and more (the 27B's
@@ -246,7 +246,7 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   a.stages = static_cast<int>(
       std::min<int64_t>(kStreamMaxStages, int64_t{ring_kb} * 1024 / a.stage_bytes));
   if (a.stages < 2) return false;
-  auto* kernel = stream_gemv_kernel<T, UPL, MODE>;
+  auto* kernel = stream_gemv_kernel<T, UPL, MODE, kNorm>;
   const int threads = 32 * (S * R + 1);
   const int64_t groups = (a.total_rows + R - 1) / R;
   const size_t base = kStreamBarBytes + size_t(a.stages) * size_t(a.stage_bytes) +
@@ -266,10 +266,19 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   return true;
 }
 
-// The streamed kernel where it fits, else the resident one.
+// The streamed kernel where it fits, else the resident one; the kernels that form their input's
+// norm where a has one (only the modes that take one have them).
 template <class T, int UPL, int MODE>
 void launch_gemv(const ResidentArgs& a, cudaStream_t stream, unsigned pairs) {
-  if (!launch_stream<T, UPL, MODE>(a, stream)) launch_resident<T, UPL, MODE>(a, stream, pairs);
+  if constexpr (MODE == kResJobs || MODE == kResSwiglu) {
+    if (a.norm_w != nullptr) {
+      if (!launch_stream<T, UPL, MODE, true>(a, stream))
+        launch_resident<T, UPL, MODE, true>(a, stream, pairs);
+      return;
+    }
+  }
+  if (!launch_stream<T, UPL, MODE, false>(a, stream))
+    launch_resident<T, UPL, MODE, false>(a, stream, pairs);
 }
 
 // The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has

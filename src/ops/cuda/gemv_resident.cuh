@@ -288,12 +288,15 @@ __device__ __forceinline__ void quantise_x_shared(const float* x, int in, int8_t
 // most 4 kNormRowThreads kNormMaxVec (norm_in_fits). Threads tid of n (whole warps) call it; `bar`
 // synchronises them. The norm weights were asked into L2 before the wait (norm_in_prefetch).
 inline constexpr int kNormMaxVec = 8;
+// float4s of x and delta a thread has in flight at once (the 27B's 5120-wide rows in one round;
+// fewer registers than all eight).
+inline constexpr int kNormChunk = 5;
 inline bool norm_in_fits(int64_t in) {
   return in % (4 * kNormRowThreads) == 0 && in <= 4 * kNormRowThreads * kNormMaxVec;
 }
 
 __device__ __forceinline__ void norm_in_prefetch(const ResidentArgs& a) {
-  if (a.norm_w != nullptr && threadIdx.x == 0) l2_prefetch_range(a.norm_w, int64_t{a.in} * 4);
+  if (threadIdx.x == 0) l2_prefetch_range(a.norm_w, int64_t{a.in} * 4);
 }
 
 template <class Bar>
@@ -310,17 +313,20 @@ __device__ __forceinline__ void norm_in_shared(const ResidentArgs& a, float* s_h
   const int warp = tid / 32, lane = tid % 32, warps = n / 32;
   for (int vw = warp; vw < kVWarps; vw += warps) {
     const int t = vw * 32 + lane;
-    float4 v[kNormMaxVec];
-#pragma unroll
-    for (int k = 0; k < kNormMaxVec; ++k) {
-      if (k < nv) v[k] = add4(x4[t + k * kNormRowThreads], d4[t + k * kNormRowThreads]);
-    }
     float ss = 0;
+    for (int k0 = 0; k0 < nv; k0 += kNormChunk) {
+      float4 v[kNormChunk];
 #pragma unroll
-    for (int k = 0; k < kNormMaxVec; ++k) {
-      if (k < nv) {
-        ss += sum_sq4(v[k]);
-        h4[t + k * kNormRowThreads] = v[k];
+      for (int k = 0; k < kNormChunk; ++k) {
+        const int i = t + (k0 + k) * kNormRowThreads;
+        if (k0 + k < nv) v[k] = add4(x4[i], d4[i]);
+      }
+#pragma unroll
+      for (int k = 0; k < kNormChunk; ++k) {
+        if (k0 + k < nv) {
+          ss += sum_sq4(v[k]);
+          h4[t + (k0 + k) * kNormRowThreads] = v[k];
+        }
       }
     }
     ss = cuda::warp_sum(ss);
@@ -333,15 +339,17 @@ __device__ __forceinline__ void norm_in_shared(const ResidentArgs& a, float* s_h
   const float inv = norm_row_inv(total, dim4, a.norm_eps);
   for (int vw = warp; vw < kVWarps; vw += warps) {
     const int t = vw * 32 + lane;
-    float4 w[kNormMaxVec];
+    for (int k0 = 0; k0 < nv; k0 += kNormChunk) {
+      float4 w[kNormChunk];
 #pragma unroll
-    for (int k = 0; k < kNormMaxVec; ++k) {
-      if (k < nv) w[k] = w4[t + k * kNormRowThreads];
-    }
+      for (int k = 0; k < kNormChunk; ++k) {
+        if (k0 + k < nv) w[k] = w4[t + (k0 + k) * kNormRowThreads];
+      }
 #pragma unroll
-    for (int k = 0; k < kNormMaxVec; ++k) {
-      if (k < nv)
-        h4[t + k * kNormRowThreads] = norm_row_scale(h4[t + k * kNormRowThreads], inv, w[k]);
+      for (int k = 0; k < kNormChunk; ++k) {
+        const int i = t + (k0 + k) * kNormRowThreads;
+        if (k0 + k < nv) h4[i] = norm_row_scale(h4[i], inv, w[k]);
+      }
     }
   }
   bar();
@@ -463,7 +471,10 @@ struct PdlWait {
 // The kernel's work as block bx of gx (a launch may hold two such grids: resident_two_kernel).
 // The first rows' weights load before `wait` unless they depend on expert ids not yet known
 // (kIdsReady: the ids are in place before the wait).
-template <class T, int UPL, int MODE, bool kIdsReady = false, class Wait = PdlWait>
+// kNorm: x is formed from a's norm (ResidentArgs::norm_w), compiled only into the kernels that
+// take one (it costs registers: 126 -> 143 in the MoE row's gate / up kernel when present).
+template <class T, int UPL, int MODE, bool kIdsReady = false, class Wait = PdlWait,
+          bool kNorm = false>
 __device__ __forceinline__ void resident_body(const ResidentArgs& a, ResInputs in, int bx, int gx,
                                               uint8_t* res_smem, Wait wait = {}) {
   constexpr int NM = resident_mats<MODE>();
@@ -509,7 +520,7 @@ __device__ __forceinline__ void resident_body(const ResidentArgs& a, ResInputs i
     check_ids();
     load_ahead();
   }
-  norm_in_prefetch(a);
+  if constexpr (kNorm) norm_in_prefetch(a);
   wait();
   if constexpr (!kLoadEarly) {
     check_ids();
@@ -523,9 +534,9 @@ __device__ __forceinline__ void resident_body(const ResidentArgs& a, ResInputs i
 
   float* s_h = reinterpret_cast<float*>(res_smem + a.norm_smem);
   const auto bar = [] { __syncthreads(); };
-  if (a.norm_w != nullptr) norm_in_shared(a, s_h, threadIdx.x, blockDim.x, bar);
+  if constexpr (kNorm) norm_in_shared(a, s_h, threadIdx.x, blockDim.x, bar);
   if (a.xq == nullptr) {
-    const float* x = a.norm_w != nullptr                        ? s_h
+    const float* x = kNorm                                      ? s_h
                      : MODE == kResPairs || MODE == kResCombine ? in.x + int64_t{blockIdx.y} * a.in
                                                                 : in.x;
     // kResCombine: each pair's block scales times its routing weight (loaded with x).
@@ -589,14 +600,15 @@ rows_done:
     __syncthreads();
     resident_store_partials<MODE>(a, in.ids, part, part_stride, threadIdx.x, blockDim.x, bx, gx);
   }
-  if (a.norm_w != nullptr) norm_in_last(a, s_h, threadIdx.x, blockDim.x, bar);
+  if constexpr (kNorm) norm_in_last(a, s_h, threadIdx.x, blockDim.x, bar);
 }
 
-template <class T, int UPL, int MODE>
+template <class T, int UPL, int MODE, bool kNorm = false>
 __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
     resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
   extern __shared__ __align__(16) uint8_t res_smem[];
-  resident_body<T, UPL, MODE>(a, inputs_of(a), blockIdx.x, gridDim.x, res_smem);
+  resident_body<T, UPL, MODE, false, PdlWait, kNorm>(a, inputs_of(a), blockIdx.x, gridDim.x,
+                                                     res_smem);
 }
 
 inline bool resident_off() {
