@@ -187,9 +187,9 @@ TEST(CudaMatmulLaunchers, NormInGemvDeclinesWhatItCannotTake) {
   EXPECT_TRUE(declines(2048, DType::Q4_K, DType::Q8_0));
 }
 
-// The cuda backend's fused ops against its two ops (add_rmsnorm, then matmuls / ffn_swiglu): one
-// row takes the fused launch, three rows the two ops themselves; both equal bit for bit, and the
-// dense FFN's output near the reference.
+// The cuda backend's fused ops (QWENRT_CUDA_NORM_GEMV=1) against its two ops (add_rmsnorm, then
+// matmuls / ffn_swiglu): one row takes the fused launch, three rows the two ops themselves; both
+// equal bit for bit, and the dense FFN's output near the reference.
 TEST(CudaMatmulLaunchers, AddRmsnormMatmulsAndFfnEqualTheirTwoOps) {
   if (!qwenrt::ops::cuda_available()) GTEST_SKIP() << "no CUDA device";
   using testing_support::quantized_tensor;
@@ -202,6 +202,7 @@ TEST(CudaMatmulLaunchers, AddRmsnormMatmulsAndFfnEqualTheirTwoOps) {
   t.push_back(quantized_tensor("gate", DType::Q4_K, dim, ff, 1, 0.05f, rng));
   t.push_back(quantized_tensor("up", DType::Q4_K, dim, ff, 1, 0.05f, rng));
   t.push_back(quantized_tensor("down", DType::Q6_K, ff, dim, 1, 0.05f, rng));
+  const testing_support::ScopedEnv on("QWENRT_CUDA_NORM_GEMV", "1");  // opt-in for now
   auto ops = make_cuda_ops();
   std::vector<Weight> w;
   for (const auto& q : t) w.push_back(ops->place(q.w));

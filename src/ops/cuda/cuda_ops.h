@@ -213,9 +213,10 @@ class CudaOps final : public Ops {
     Scope s(this, op_class::kElementwise);
     cuda::gather_rows(x, dim, dstep_.output_rows, dstep_.n_output_rows, out, stream_);
   }
-  // A decode row's input norm formed inside the resident GEMV that follows it (matmul_group_norm,
-  // matmul_swiglu_norm: no norm launch); other steps, matrices the resident GEMV does not take,
-  // and QWENRT_CUDA_NORM_GEMV=0 run add_rmsnorm first.
+  // With QWENRT_CUDA_NORM_GEMV=1 (opt-in: not yet run on a GPU), a decode row's input norm formed
+  // inside the resident GEMV that follows it (matmul_group_norm, matmul_swiglu_norm: no norm
+  // launch); otherwise, and for other steps and matrices the resident GEMV does not take,
+  // add_rmsnorm first.
   void add_rmsnorm_matmuls(const NormedInput& in, int64_t n,
                            std::span<const Projection> projections) override {
     cuda::Projection p[kMaxProjections];
@@ -576,7 +577,7 @@ class CudaOps final : public Ops {
   // GEMVs' 1,273 / 1,449 / 1,627. QWENRT_CUDA_GROUPED_ROWS sets both.
   int64_t mmq_min_rows_ = 16;
   bool norm_route_ = true;    // add_rmsnorm_moe fused (QWENRT_CUDA_NORM_ROUTE)
-  bool norm_gemv_ = true;     // add_rmsnorm_matmuls / _ffn_swiglu fused (QWENRT_CUDA_NORM_GEMV)
+  bool norm_gemv_ = false;    // add_rmsnorm_matmuls / _ffn_swiglu fused (QWENRT_CUDA_NORM_GEMV)
   bool down_combine_ = true;  // experts_down_combine (QWENRT_CUDA_DOWN_COMBINE)
   bool moe_row_ = true;       // a decode row's experts in two launches (QWENRT_CUDA_MOE_ROW)
   bool fused_conv_ = true;    // the DeltaNet decode conv folded in (QWENRT_CUDA_FUSED_CONV)
