@@ -57,6 +57,7 @@ struct NormCase {
     return {.x = x_b->f(),
             .delta = d->f(),
             .weight = dw->f(),
+            .h = h_b->f(),
             .eps = 1e-6f,
             .counter = static_cast<unsigned*>(counter->ptr)};
   }
@@ -115,10 +116,8 @@ TEST(CudaMatmulLaunchers, NormInGemvEqualsAddRmsnormThenGemv) {
           const std::string here = at + " round " + std::to_string(round);
           add_rmsnorm(c.x_a->f(), c.d->f(), c.dw->f(), c.h_a->f(), 1, dim, 1e-6f, nullptr);
           matmul_group(pa, 3, c.h_a->f(), 1, ws.ptr, nullptr);
-          ASSERT_TRUE(matmul_group_norm(pb, 3, c.norm_b(), c.h_b->f(), nullptr, false, nullptr))
-              << here;
-          ASSERT_TRUE(matmul_group_norm(pb, 3, c.norm_b(), c.h_b->f(), ws.ptr, true, nullptr))
-              << here;
+          ASSERT_TRUE(matmul_group_norm(pb, 3, c.norm_b(), nullptr, false, nullptr)) << here;
+          ASSERT_TRUE(matmul_group_norm(pb, 3, c.norm_b(), ws.ptr, true, nullptr)) << here;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << here;
           EXPECT_EQ(bits(to_host(*c.x_b, dim)), bits(to_host(*c.x_a, dim))) << "x, " << here;
           EXPECT_EQ(bits(to_host(*c.h_b, dim)), bits(to_host(*c.h_a, dim))) << "h, " << here;
@@ -146,8 +145,7 @@ TEST(CudaMatmulLaunchers, NormInGemvEqualsAddRmsnormThenGemv) {
         DeviceBuffer ws2(std::max<int64_t>(16, matmul_swiglu_workspace_bytes(pg.m, 1)));
         add_rmsnorm(c.x_a->f(), c.d->f(), c.dw->f(), c.h_a->f(), 1, dim, 1e-6f, nullptr);
         matmul_swiglu(pg.m, pu.m, c.h_a->f(), s_a->f(), 1, ws2.ptr, nullptr);
-        ASSERT_TRUE(matmul_swiglu_norm(pg.m, pu.m, c.norm_b(), c.h_b->f(), s_b->f(), ws2.ptr, true,
-                                       nullptr))
+        ASSERT_TRUE(matmul_swiglu_norm(pg.m, pu.m, c.norm_b(), s_b->f(), ws2.ptr, true, nullptr))
             << at;
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << at;
         EXPECT_EQ(bits(to_host(*c.x_b, dim)), bits(to_host(*c.x_a, dim))) << "swiglu x, " << at;
@@ -173,9 +171,9 @@ TEST(CudaMatmulLaunchers, NormInGemvDeclinesWhatItCannotTake) {
     auto y1 = poisoned(96), y2 = poisoned(32), s = poisoned(96);
     const Projection p[2] = {{p1.m, y1->f()}, {p2.m, y2->f()}};
     DeviceBuffer ws(std::max<int64_t>(16, matmul_group_workspace_bytes(p, 2, 1)));
-    const bool group = matmul_group_norm(p, 2, c.norm_b(), c.h_b->f(), ws.ptr, true, nullptr);
-    const bool swiglu = a == b && matmul_swiglu_norm(p1.m, p1.m, c.norm_b(), c.h_b->f(), s->f(),
-                                                     ws.ptr, true, nullptr);
+    const bool group = matmul_group_norm(p, 2, c.norm_b(), ws.ptr, true, nullptr);
+    const bool swiglu =
+        a == b && matmul_swiglu_norm(p1.m, p1.m, c.norm_b(), s->f(), ws.ptr, true, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(bits(to_host(*c.x_b, dim)), bits(c.x)) << "x written, dim=" << dim;
     for (float v : to_host(*y1, 96)) EXPECT_TRUE(std::isnan(v)) << "y written, dim=" << dim;

@@ -76,7 +76,7 @@ __global__ void rmsnorm_warp_kernel(float* x, const float* delta, const float* w
 // time is the latency of these loads, so they must all be in flight together (ncu: the loop
 // below, whose stores to x order the loads after them, took 6-7 us for a 2048-wide add_rmsnorm).
 // Safe in place (out == x): every read precedes the block-wide sum, every write follows it.
-constexpr int kRegsMaxVec = 8;  // float4 a thread, at most
+constexpr int kRegsMaxVec = kNormRowMaxVec;  // float4 a thread, at most
 static_assert(kThreads == kNormRowThreads, "the register kernel is norm_row.cuh's row layout");
 
 template <bool kAdd, int NV>
@@ -162,8 +162,8 @@ void launch_rmsnorm(float* x, const float* delta, const float* weight, float* ou
   if (dim <= kWarpRowsMaxDim) {
     launch_dependent(rmsnorm_warp_kernel<kAdd>, blocks_for(rows, kThreads / 32), kThreads, 0,
                      stream, x, delta, weight, out, rows, static_cast<int>(dim), eps);
-  } else if (dim % (4 * kThreads) == 0 && dim <= 4 * kThreads * kRegsMaxVec && aligned16(x) &&
-             (!kAdd || aligned16(delta)) && aligned16(weight) && aligned16(out)) {
+  } else if (norm_row_fits(dim) && aligned16(x) && (!kAdd || aligned16(delta)) &&
+             aligned16(weight) && aligned16(out)) {
     const int64_t dim4 = dim / 4;
     auto launch = [&](auto nv) {
       launch_dependent(

@@ -9,6 +9,7 @@
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/gemv_resident.cuh"
+#include "ops/cuda/gemv_resident_plan.cuh"
 #include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/quant_blocks.cuh"
@@ -287,7 +288,6 @@ template <int MODE>
 bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream,
               unsigned pairs = 1, bool launch = true) {
   if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
-  if (a.norm_w != nullptr && !(MODE == kResJobs || MODE == kResSwiglu)) return false;
   // Each pair's row quantised in the kernel (never by the separate launch, which does one row).
   if (MODE == kResPairs && a.in > kResQuantiseInKernelMax) return false;
   const ResidentPlan plan = resident_plan<MODE>(m, a);
@@ -296,7 +296,7 @@ bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t str
   const ResidentShape shape = plan.shape;
   a.slices = shape.slices;
   a.row_lanes = std::max(1, kResRowWarps / shape.slices);
-  if (a.in > kResQuantiseInKernelMax && workspace != nullptr && a.norm_w == nullptr) {
+  if (a.in > kResQuantiseInKernelMax && workspace != nullptr) {
     const Acts q = prepare_acts(a.x, 1, a.in, true, workspace, stream);
     a.xq = q.q;
     a.xd = q.d;
@@ -382,15 +382,15 @@ namespace {
 
 // The norm a launch forms itself (NormIn) into a's fields; false where it cannot (rows of a width
 // norm_row.cuh's layout does not take, unaligned rows).
-bool set_norm(ResidentArgs& a, const NormIn* norm, float* h) {
+bool set_norm(ResidentArgs& a, const NormIn* norm) {
   if (norm == nullptr) return true;
-  if (!norm_in_fits(a.in) || !aligned(norm->x, 16) || !aligned(norm->delta, 16) ||
-      !aligned(norm->weight, 16) || !aligned(h, 16) || norm->counter == nullptr)
+  if (!norm_row_fits(a.in) || !aligned(norm->x, 16) || !aligned(norm->delta, 16) ||
+      !aligned(norm->weight, 16) || !aligned(norm->h, 16) || norm->counter == nullptr)
     return false;
   a.norm_x = norm->x;
   a.norm_delta = norm->delta;
   a.norm_w = norm->weight;
-  a.norm_h = h;
+  a.norm_h = norm->h;
   a.norm_counter = norm->counter;
   a.norm_eps = norm->eps;
   return true;
@@ -416,7 +416,7 @@ bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
   a.total_rows = rows;
   a.x = x;
   a.in = static_cast<int>(in);
-  return in <= (1 << 20) && set_norm(a, norm, const_cast<float*>(x)) &&
+  return in <= (1 << 20) && set_norm(a, norm) &&
          resident<kResJobs>(g.job[0].m, a, workspace, stream, 1, launch);
 }
 
@@ -425,8 +425,7 @@ bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t i
   if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
   ResidentArgs a = gate_up_args(g, u, x, in, y);
   a.total_rows = g.out;
-  return set_norm(a, norm, const_cast<float*>(x)) &&
-         resident<kResSwiglu>(g, a, workspace, stream, 1, launch);
+  return set_norm(a, norm) && resident<kResSwiglu>(g, a, workspace, stream, 1, launch);
 }
 
 bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,

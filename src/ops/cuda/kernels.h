@@ -81,18 +81,19 @@ struct NormIn {
   float* x;
   const float* delta;
   const float* weight;
+  float* h;
   float eps;
   unsigned* counter;
 };
-// matmul_group / matmul_swiglu of one row whose input h the kernel forms from `norm`, writing x
-// and h as add_rmsnorm does: the resident GEMV the plain launchers run for one row, so the outputs
-// are theirs bit for bit. False, having launched nothing, where that kernel does not take the
-// matrices or the row (then run add_rmsnorm and the plain launcher); launch false: only whether
-// it would.
-bool matmul_group_norm(const Projection* p, int n_p, const NormIn& norm, float* h, void* workspace,
+// matmul_group / matmul_swiglu of one row whose input norm.h the kernel forms from `norm`, writing
+// x and h as add_rmsnorm does: the resident GEMV the plain launchers run for one row, so the
+// outputs are theirs bit for bit. False, having launched nothing, where that kernel does not take
+// the matrices or the row (then run add_rmsnorm and the plain launcher); launch false: only
+// whether it would.
+bool matmul_group_norm(const Projection* p, int n_p, const NormIn& norm, void* workspace,
                        bool launch, cudaStream_t stream);
-bool matmul_swiglu_norm(const Matrix& gate, const Matrix& up, const NormIn& norm, float* h,
-                        float* y, void* workspace, bool launch, cudaStream_t stream);
+bool matmul_swiglu_norm(const Matrix& gate, const Matrix& up, const NormIn& norm, float* y,
+                        void* workspace, bool launch, cudaStream_t stream);
 // y [n, ff] = silu(x @ Wg^T) * (x @ Wu^T): the SwiGLU of a dense FFN or a shared expert, with a
 // workspace of matmul_swiglu_workspace_bytes.
 int64_t matmul_swiglu_workspace_bytes(const Matrix& gate, int64_t n);

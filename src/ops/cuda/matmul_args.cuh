@@ -166,8 +166,8 @@ void mmq_dense_swiglu(const MatArg& gate, const MatArg& up, const Acts& a, int64
 
 // ---- gemv_resident.cu: one activation row, x in fp32 (quantised inside) ----
 // Each returns false, having launched nothing, where it has no kernel or measured slower. With
-// `norm`, x is the h the kernel forms from it (NormIn) and writes; launch false: only whether it
-// would launch.
+// `norm`, x is norm->h, which the kernel forms and writes; launch false: only whether it would
+// launch.
 bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
                     cudaStream_t stream, const NormIn* norm = nullptr, bool launch = true);
 bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,

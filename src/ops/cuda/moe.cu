@@ -285,10 +285,10 @@ void moe_route(const float* logits, int64_t n, int n_expert, int k, int32_t* ids
 
 bool norm_route_fits(const NormRouteArgs& a) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return a.n >= 1 && a.n <= kNormRouteMaxRows && a.dim % (4 * kRouteThreads) == 0 &&
-         a.dim <= 4 * kRouteThreads * kNormRouteMaxVec && a.n_expert <= 512 && a.k <= 32 &&
-         a.k <= a.n_expert && aligned(a.x) && aligned(a.delta) && aligned(a.norm) && aligned(a.h) &&
-         a.router != nullptr && aligned(a.router) && a.counters != nullptr &&
+  static_assert(kNormRouteMaxVec == kNormRowMaxVec, "the routing's norm is norm_row.cuh's layout");
+  return a.n >= 1 && a.n <= kNormRouteMaxRows && norm_row_fits(a.dim) && a.n_expert <= 512 &&
+         a.k <= 32 && a.k <= a.n_expert && aligned(a.x) && aligned(a.delta) && aligned(a.norm) &&
+         aligned(a.h) && a.router != nullptr && aligned(a.router) && a.counters != nullptr &&
          (a.gate_inp == nullptr || aligned(a.gate_inp));
 }
 

@@ -33,6 +33,7 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/gemv_resident.cuh"
+#include "ops/cuda/gemv_resident_plan.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/matmul_args.cuh"
 #include "ops/cuda/pdl.cuh"

@@ -11,6 +11,13 @@
 namespace qwenrt::ops::cuda {
 
 inline constexpr int kNormRowThreads = 256;
+inline constexpr int kNormRowMaxVec = 8;  // float4s a thread, at most
+
+// The rows this layout takes: whole float4s for every thread, up to kNormRowMaxVec each (the model
+// widths 2048..5120; 16-byte alignment is the caller's to check).
+__host__ __device__ constexpr bool norm_row_fits(int64_t dim) {
+  return dim % (4 * kNormRowThreads) == 0 && dim <= 4 * kNormRowThreads * kNormRowMaxVec;
+}
 
 // The squares of v's four floats summed, in the expression rmsnorm_regs_kernel always had, so its
 // floats stay what they were. Whether the compiler contracts it into the same fused multiply-adds
