@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     if constexpr (kAdd) xr[threadIdx.x + int64_t{k} * kThreads] = v[k];
-    ss += sum_sq4(v[k]);
+    ss = add_sq4(ss, v[k]);
   }
   ss = warp_sum(ss);
   if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = ss;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -255,7 +256,7 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   const auto part_bytes = [&](int64_t max_groups) {
     return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
   };
-  constexpr size_t kMaxSmem = 227 * 1024;
+  static const size_t kMaxSmem = max_dynamic_smem(kernel);
   if (with_norm(a, base + part_bytes(8)) > kMaxSmem) return false;
   QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kMaxSmem)));
@@ -354,7 +355,7 @@ void launch_two(ResidentArgs a1, ResidentArgs a2, cudaStream_t stream) {
   auto* kernel = resident_two_kernel<T1, U1, M1, T2, U2, M2>;
   const TwoPart<T1, M1> p1{a1};
   const TwoPart<T2, M2> p2{a2};
-  constexpr size_t kMaxSmem = 227 * 1024;
+  static const size_t kMaxSmem = max_dynamic_smem(kernel);
   QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kMaxSmem)));
   const int64_t total = persistent_grid(kernel, kResRowWarps * 32, std::max(p1.smem(8), p2.smem(8)),
@@ -380,13 +381,22 @@ bool two_if(const ResidentPlan& p1, const ResidentPlan& p2, const ResidentArgs& 
 
 namespace {
 
+// QWENRT_CUDA_NORM_GEMV=stream: the norm formed only by the streamed kernel, for rows it takes
+// (the resident kernel, on shorter rows, leaves it to add_rmsnorm). Read per call: tests switch it.
+bool norm_where_streamed() {
+  const char* v = std::getenv("QWENRT_CUDA_NORM_GEMV");
+  return v != nullptr && std::strcmp(v, "stream") == 0;
+}
+
 // The norm a launch forms itself (NormIn) into a's fields; false where it cannot (rows of a width
-// norm_row.cuh's layout does not take, unaligned rows).
+// norm_row.cuh's layout does not take, unaligned rows) or, with QWENRT_CUDA_NORM_GEMV=stream,
+// where the rows are too short for the streamed kernel.
 bool set_norm(ResidentArgs& a, const NormIn* norm) {
   if (norm == nullptr) return true;
   if (!norm_row_fits(a.in) || !aligned(norm->x, 16) || !aligned(norm->delta, 16) ||
       !aligned(norm->weight, 16) || !aligned(norm->h, 16) || norm->counter == nullptr)
     return false;
+  if (norm_where_streamed() && (a.in < kStreamMinIn || !stream_on())) return false;
   a.norm_x = norm->x;
   a.norm_delta = norm->delta;
   a.norm_w = norm->weight;

@@ -320,7 +320,7 @@ __device__ __forceinline__ void norm_in_shared(const ResidentArgs& a, float* s_h
 #pragma unroll
       for (int k = 0; k < kNormChunk; ++k) {
         if (k0 + k < nv) {
-          ss += sum_sq4(v[k]);
+          ss = add_sq4(ss, v[k]);
           h4[t + (k0 + k) * kNormRowThreads] = v[k];
         }
       }

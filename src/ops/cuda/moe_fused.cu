@@ -198,15 +198,7 @@ bool fused_on() {
 template <int NV, int kPerLane>
 bool launch_fused(FusedArgs f, bool launch, cudaStream_t stream) {
   auto* kernel = moe_fused_kernel<NV, kPerLane>;
-  // The dynamic shared memory a block may have beside the kernel's static shared memory.
-  static const size_t kMaxSmem = [&] {
-    int dev = 0, optin = 0;
-    cudaFuncAttributes fa{};
-    QWENRT_CUDA_CHECK(cudaGetDevice(&dev));
-    QWENRT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    QWENRT_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-    return size_t(optin) - fa.sharedSizeBytes;
-  }();
+  static const size_t kMaxSmem = max_dynamic_smem(kernel);
   const size_t extra = size_t(f.r.dim) * 4 + 64 * 4;  // h, ids and weights
   const auto fits = [&](size_t smem) {
     int per_sm = 0;

@@ -2,7 +2,7 @@
 // rmsnorm_regs_kernel, routing.cuh's add_norm_row, the GEMVs that form their input themselves:
 // gemv_resident.cuh's norm_in_shared), so that their h agree bit for bit: a row of dim4 float4s
 // summed as kNormRowThreads threads do it (thread t: the squares of float4s t, t + kNormRowThreads,
-// ... in order, each float4's four squares as sum_sq4 adds them; then each warp's warp_sum, and
+// ... in order, each float4's four squares as sum_sq4 adds them (add_sq4); then each warp's warp_sum, and
 // the warps' sums added in warp order), inv = norm_row_inv(total, dim4, eps), h = v * inv * w.
 #pragma once
 
@@ -19,24 +19,40 @@ __host__ __device__ constexpr bool norm_row_fits(int64_t dim) {
   return dim % (4 * kNormRowThreads) == 0 && dim <= 4 * kNormRowThreads * kNormRowMaxVec;
 }
 
-// The squares of v's four floats summed, in the expression rmsnorm_regs_kernel always had, so its
-// floats stay what they were. Whether the compiler contracts it into the same fused multiply-adds
-// in every kernel that inlines it is what the GPU tests check (they hold those kernels' h equal
-// bit for bit).
+// Every float operation below is spelled out (the _rn intrinsics, which the compiler neither
+// contracts into fused multiply-adds nor reorders), so each kernel that inlines them computes the
+// same floats. Written as plain expressions they did not: the compiler chose the contractions per
+// kernel, and the GEMV's h and the routing kernel's came out 1-2 ulps from rmsnorm_regs_kernel's
+// (the GPU tests, session 36).
+
+// The squares of v's four floats summed: ((x * x + y * y) + z * z) + w * w, each add fused with
+// the multiply beside it.
 __device__ __forceinline__ float sum_sq4(float4 v) {
-  return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
+}
+
+// A thread's running sum of squares with one more float4.
+__device__ __forceinline__ float add_sq4(float ss, float4 v) {
+  return __fadd_rn(ss, sum_sq4(v));
 }
 
 __device__ __forceinline__ float norm_row_inv(float total, int64_t dim4, float eps) {
-  return 1.0f / sqrtf(total / (4 * dim4) + eps);
+  const float mean = __fdiv_rn(total, static_cast<float>(4 * dim4));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+__device__ __forceinline__ float norm_row_scale1(float v, float inv, float w) {
+  return __fmul_rn(__fmul_rn(v, inv), w);
 }
 
 __device__ __forceinline__ float4 norm_row_scale(float4 v, float inv, float4 w) {
-  return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+  return make_float4(norm_row_scale1(v.x, inv, w.x), norm_row_scale1(v.y, inv, w.y),
+                     norm_row_scale1(v.z, inv, w.z), norm_row_scale1(v.w, inv, w.w));
 }
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) {
-  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z),
+                     __fadd_rn(a.w, b.w));
 }
 
 }  // namespace qwenrt::ops::cuda

@@ -64,6 +64,19 @@ inline int sm_count() {
   return n;
 }
 
+// The dynamic shared memory a block of `kernel` can have: the card's opt-in limit less the
+// kernel's static shared memory (raising the kernel's limit past that fails, as does a launch
+// asking for more).
+template <class... Params>
+size_t max_dynamic_smem(void (*kernel)(Params...)) {
+  int dev = 0, optin = 0;
+  cudaFuncAttributes fa{};
+  QWENRT_CUDA_CHECK(cudaGetDevice(&dev));
+  QWENRT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  QWENRT_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  return size_t(optin) - fa.sharedSizeBytes;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization if pdl.
 template <class... Params, class... Args>
 void launch_with_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,

@@ -36,7 +36,7 @@ __device__ __forceinline__ void add_norm_row(const float4* x, const float4* delt
   }
   float ss = 0;
 #pragma unroll
-  for (int j = 0; j < NV; ++j) ss += sum_sq4(v[j]);
+  for (int j = 0; j < NV; ++j) ss = add_sq4(ss, v[j]);
   ss = warp_sum(ss);
   if (lane == 0) s_warp[warp] = ss;
   __syncthreads();
