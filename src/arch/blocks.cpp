@@ -4,17 +4,8 @@
 
 namespace qwenrt::arch {
 
-void project_input(const BlockContext& ctx, const BlockInput& in,
-                   std::span<const ops::Ops::Projection> projections) {
-  if (in.norm != nullptr) {
-    ctx.ops.add_rmsnorm_matmuls(*in.norm, ctx.n, projections);
-  } else {
-    ctx.ops.matmuls(in.h, ctx.n, projections);
-  }
-}
-
 AttentionRows attention_projections(const BlockContext& ctx, const model::AttentionWeights& w,
-                                    const BlockInput& in) {
+                                    const float* x) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
   const int64_t n = ctx.n, hd = c.head_dim, nq = int64_t{c.n_head} * hd,
@@ -28,14 +19,13 @@ AttentionRows attention_projections(const BlockContext& ctx, const model::Attent
   if (w.qkv.present()) {
     const int64_t width = 2 * nq + 2 * nkv;
     float* qkv = ops.alloc(n * width);
-    const ops::Ops::Projection all[] = {{&w.qkv, qkv}};
-    project_input(ctx, in, all);
+    ops.matmul(w.qkv, x, qkv, n);
     ops.copy_2d(qkv, width, q_gate, 2 * nq, n, 2 * nq);
     ops.copy_2d(qkv + 2 * nq, width, r.k, nkv, n, nkv);
     ops.copy_2d(qkv + 2 * nq + nkv, width, r.v, nkv, n, nkv);
   } else {
     const ops::Ops::Projection qkv[] = {{&w.q, q_gate}, {&w.k, r.k}, {&w.v, r.v}};
-    project_input(ctx, in, qkv);
+    ops.matmuls(x, n, qkv);
   }
   // Query and gate apart, then QK-norm and RoPE on the queries and keys.
   ops.attention_heads({.q_gate = q_gate,
@@ -77,18 +67,18 @@ void attention_output(const BlockContext& ctx, const model::AttentionWeights& w,
 }
 
 void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, int il,
-                     const BlockInput& in, float* out) {
+                     const float* x, float* out) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
   const int64_t n = ctx.n, nq = int64_t{c.n_head} * c.head_dim;
-  const AttentionRows rows = attention_projections(ctx, w, in);
+  const AttentionRows rows = attention_projections(ctx, w, x);
   float* attn = ops.alloc(n * nq);
   ops.attention(attention_core_args(ctx, rows, il, attn));
   attention_output(ctx, w, rows, attn, out);
 }
 
 void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, int il,
-                    const BlockInput& in, float* out) {
+                    const float* x, float* out) {
   ops::Ops& ops = ctx.ops;
   const model::Config& c = ctx.config;
   const int64_t n = ctx.n, nv = int64_t{c.ssm_v_heads} * c.ssm_head_dim;
@@ -98,7 +88,7 @@ void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, in
   float* beta = ops.alloc(n * c.ssm_v_heads);
   const ops::Ops::Projection projections[] = {
       {&w.qkv, qkv}, {&w.gate, z}, {&w.alpha, alpha}, {&w.beta, beta}};
-  project_input(ctx, in, projections);
+  ops.matmuls(x, n, projections);
   float* o = ops.alloc(n * nv);
   ops.deltanet({.qkv = qkv,
                 .z = z,

@@ -2,7 +2,6 @@
 // (SPEC.md "Layer skeleton"), written as short sequences of Ops calls over the whole batch.
 #pragma once
 
-#include <span>
 #include <type_traits>
 
 #include "arch/model.h"
@@ -26,23 +25,10 @@ inline void sum_over_ranks(const BlockContext& ctx, float* x) {
   if (ctx.ranks > 1) ctx.ops.all_reduce_sum(x, ctx.n * ctx.config.n_embd);
 }
 
-// A mixer block's input: h [n, n_embd], already normed, or made by the residual add and norm
-// `norm` describes (h = rmsnorm(x += delta), norm->h == h), which the block's first projections
-// run (Ops::add_rmsnorm_matmuls: a backend may form the norm inside their kernel).
-struct BlockInput {
-  BlockInput(const float* normed) : h(normed) {}  // NOLINT(google-explicit-constructor)
-  explicit BlockInput(const ops::Ops::NormedInput& pending) : h(pending.h), norm(&pending) {}
-  const float* h;
-  const ops::Ops::NormedInput* norm = nullptr;
-};
-// The block's first projections of its input (with the input's norm first, where it has one).
-void project_input(const BlockContext& ctx, const BlockInput& in,
-                   std::span<const ops::Ops::Projection> projections);
-
-// out [n, n_embd] = gated attention of the input, appending to the KV of each span's slot in
-// state layer il.
+// out [n, n_embd] = gated attention of x [n, n_embd] (already normed), appending to the KV of
+// each span's slot in state layer il.
 void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, int il,
-                     const BlockInput& in, float* out);
+                     const float* x, float* out);
 
 // Gated attention's two halves around its core, for blocks that run another core (QSA):
 // the projections with their norms and RoPE, and the gated output projection.
@@ -53,17 +39,17 @@ struct AttentionRows {
   float* v;     // [n, n_head_kv, head_dim]
 };
 AttentionRows attention_projections(const BlockContext& ctx, const model::AttentionWeights& w,
-                                    const BlockInput& in);
+                                    const float* x);
 // The attention core's arguments over those rows, writing attn [n, n_head * head_dim].
 ops::AttentionArgs attention_core_args(const BlockContext& ctx, const AttentionRows& rows, int il,
                                        float* attn);
 // out [n, n_embd] = W_o (attn * sigmoid(gate)); attn is overwritten.
 void attention_output(const BlockContext& ctx, const model::AttentionWeights& w,
                       const AttentionRows& rows, float* attn, float* out);
-// out [n, n_embd] = Gated DeltaNet of the input, advancing conv and delta state of each span's
-// slot in state layer il.
+// out [n, n_embd] = Gated DeltaNet of x [n, n_embd] (already normed), advancing conv and delta
+// state of each span's slot in state layer il.
 void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, int il,
-                    const BlockInput& in, float* out);
+                    const float* x, float* out);
 
 // The layer loop and the head, for any FFN kind: ffn(ctx, ffn_weights, in, out) runs the residual
 // add and norm `in` describes (in.x += in.delta, in.h = rmsnorm(in.x)), then writes out [n, n_embd]
@@ -86,19 +72,15 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
     ops.copy_2d(input, e, x, e, n, e);
   }
   ops.rmsnorm(x, w.layers[stage.first].attn_norm, h, n, e, c.rms_eps);
-  // From the second layer on, a layer's input is the previous layer's residual add and this
-  // layer's norm (x += mixed, h = attn_norm(x)), which its first projections run.
-  ops::Ops::NormedInput pending{};
   for (int il = stage.first; il < stage.end; ++il) {
-    // Each residual add is fused with the norm that follows it. The layer's temporaries go back
-    // to the workspace once x and h are updated.
+    // h = attn_norm(x) on entry; each residual add is fused with the norm that follows it. The
+    // layer's temporaries go back to the workspace once x and h are updated.
     const int64_t mark = ops.workspace_mark();
     const auto& layer = w.layers[il];
-    const BlockInput in = il == stage.first ? BlockInput(h) : BlockInput(pending);
     if (const auto* attn = std::get_if<model::AttentionWeights>(&layer.mixer)) {
-      attention_block(ctx, *attn, il, in, mixed);
+      attention_block(ctx, *attn, il, h, mixed);
     } else {
-      deltanet_block(ctx, std::get<model::DeltaNetWeights>(layer.mixer), il, in, mixed);
+      deltanet_block(ctx, std::get<model::DeltaNetWeights>(layer.mixer), il, h, mixed);
     }
     sum_over_ranks(ctx, mixed);
     ffn(ctx, layer.ffn, {x, mixed, &layer.post_attn_norm, h, e, c.rms_eps}, mixed);
@@ -110,7 +92,7 @@ ForwardResult run_trunk(const BlockContext& ctx, const model::ModelWeights<Ffn>&
         ops.moe_prefetch(w.layers[il + 1].ffn, h, n, c.n_expert, c.n_expert_used);
     }
     if (il + 1 < stage.end) {
-      pending = {x, mixed, &w.layers[il + 1].attn_norm, h, e, c.rms_eps};
+      ops.add_rmsnorm(x, mixed, w.layers[il + 1].attn_norm, h, n, e, c.rms_eps);
     } else {  // the next stage norms x with its first layer's norm (the same floats as fused)
       ops.add(x, mixed, x, n * e);
     }

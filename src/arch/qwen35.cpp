@@ -7,7 +7,8 @@ namespace {
 // h = norm(x += delta); out = down(silu(gate h) * up h)
 void dense_ffn(const BlockContext& ctx, const model::DenseFfnWeights& w,
                const ops::Ops::NormedInput& in, float* out) {
-  ctx.ops.add_rmsnorm_ffn_swiglu(in, w.gate, w.up, w.down, out, ctx.n);
+  ctx.ops.add_rmsnorm(in.x, in.delta, *in.norm, in.h, ctx.n, in.dim, in.eps);
+  ctx.ops.ffn_swiglu(w.gate, w.up, w.down, in.h, out, ctx.n);
 }
 
 }  // namespace

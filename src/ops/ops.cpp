@@ -18,18 +18,6 @@ void Ops::add_rmsnorm_moe(const NormedInput& in, const MoeWeights& w, float* out
   moe(w, in.h, out, n, n_expert, k);
 }
 
-void Ops::add_rmsnorm_matmuls(const NormedInput& in, int64_t n,
-                              std::span<const Projection> projections) {
-  add_rmsnorm(in.x, in.delta, *in.norm, in.h, n, in.dim, in.eps);
-  matmuls(in.h, n, projections);
-}
-
-void Ops::add_rmsnorm_ffn_swiglu(const NormedInput& in, const Weight& gate, const Weight& up,
-                                 const Weight& down, float* out, int64_t n) {
-  add_rmsnorm(in.x, in.delta, *in.norm, in.h, n, in.dim, in.eps);
-  ffn_swiglu(gate, up, down, in.h, out, n);
-}
-
 void Ops::attention_heads(const AttentionHeadsArgs& a) {
   const int64_t hd = a.head_dim, rows_q = a.n * a.n_head;
   copy_2d(a.q_gate, 2 * hd, a.q, hd, rows_q, hd);

@@ -149,13 +149,6 @@ class Ops {
   // fold the norm into its router kernel. in.x and in.h are written either way.
   virtual void add_rmsnorm_moe(const NormedInput& in, const MoeWeights& w, float* out, int64_t n,
                                int n_expert, int k);
-  // add_rmsnorm of `in`, then matmuls(in.h, n, projections): a block's input norm and its first
-  // projections, so that a backend can form the norm inside the projections' kernel.
-  virtual void add_rmsnorm_matmuls(const NormedInput& in, int64_t n,
-                                   std::span<const Projection> projections);
-  // add_rmsnorm of `in`, then ffn_swiglu(gate, up, down, in.h, out, n): the same for a dense FFN.
-  virtual void add_rmsnorm_ffn_swiglu(const NormedInput& in, const Weight& gate, const Weight& up,
-                                      const Weight& down, float* out, int64_t n);
 
   // ---- qwen4exp (Qwen3.8-Flash-Next) ----
   // Host backends run these on the reference kernels; a backend without them fails naming the op.

@@ -47,7 +47,6 @@ CudaOps::CudaOps(int device) : device_(device) {
   }
   prefetcher_ = std::make_unique<cuda::L2Prefetcher>(device);
   norm_route_ = env_flag("QWENRT_CUDA_NORM_ROUTE", true);
-  norm_gemv_ = env_flag("QWENRT_CUDA_NORM_GEMV", false);
   down_combine_ = env_flag("QWENRT_CUDA_DOWN_COMBINE", true);
   moe_row_ = env_flag("QWENRT_CUDA_MOE_ROW", true);
   fused_conv_ = env_flag("QWENRT_CUDA_FUSED_CONV", true);

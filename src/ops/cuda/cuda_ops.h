@@ -147,7 +147,14 @@ class CudaOps final : public Ops {
     if (projections.size() > kMaxProjections) return Ops::matmuls(x, n, projections);
     for (size_t i = 0; i < projections.size(); ++i)
       p[i] = {matrix(*projections[i].w), projections[i].y};
-    group_op(x, n, p, static_cast<int>(projections.size()), nullptr);
+    const int n_p = static_cast<int>(projections.size());
+    if (skip(cuda::matmul_group_workspace_bytes(p, n_p, n))) return;
+    Scope s(this, op_class::kMatmul);
+    if (dropped(kDropGroup)) return;
+    cuda::matmul_group(p, n_p, x, n, ws_, stream_);
+    Matrix read[kMaxProjections];
+    for (int i = 0; i < n_p; ++i) read[i] = p[i].w;
+    prefetch_after(std::span<const Matrix>(read, static_cast<size_t>(n_p)), n, stream_);
   }
   void rmsnorm(const float* x, const Weight& weight, float* out, int64_t rows, int64_t dim,
                float eps) override {
@@ -206,33 +213,19 @@ class CudaOps final : public Ops {
     Scope s(this, op_class::kElementwise);
     cuda::gather_rows(x, dim, dstep_.output_rows, dstep_.n_output_rows, out, stream_);
   }
-  // With QWENRT_CUDA_NORM_GEMV=1 (opt-in: not yet run on a GPU), a decode row's input norm formed
-  // inside the resident GEMV that follows it (matmul_group_norm, matmul_swiglu_norm: no norm
-  // launch); otherwise, and for other steps and matrices the resident GEMV does not take,
-  // add_rmsnorm first.
-  void add_rmsnorm_matmuls(const NormedInput& in, int64_t n,
-                           std::span<const Projection> projections) override {
-    cuda::Projection p[kMaxProjections];
-    const int n_p = static_cast<int>(projections.size());
-    if (n != 1 || !norm_gemv_ || projections.size() > kMaxProjections)
-      return Ops::add_rmsnorm_matmuls(in, n, projections);
-    for (int i = 0; i < n_p; ++i) p[i] = {matrix(*projections[i].w), projections[i].y};
-    const cuda::NormIn norm = norm_in(in);
-    if (!cuda::matmul_group_norm(p, n_p, norm, nullptr, false, stream_))
-      return Ops::add_rmsnorm_matmuls(in, n, projections);
-    group_op(in.h, n, p, n_p, &norm);
-  }
-  void add_rmsnorm_ffn_swiglu(const NormedInput& in, const Weight& gate, const Weight& up,
-                              const Weight& down, float* out, int64_t n) override {
-    if (n != 1 || !norm_gemv_) return Ops::add_rmsnorm_ffn_swiglu(in, gate, up, down, out, n);
-    const cuda::NormIn norm = norm_in(in);
-    if (!cuda::matmul_swiglu_norm(matrix(gate), matrix(up), norm, nullptr, nullptr, false, stream_))
-      return Ops::add_rmsnorm_ffn_swiglu(in, gate, up, down, out, n);
-    ffn_swiglu_op(gate, up, down, in.h, out, n, &norm);
-  }
   void ffn_swiglu(const Weight& gate, const Weight& up, const Weight& down, const float* x,
                   float* out, int64_t n) override {
-    ffn_swiglu_op(gate, up, down, x, out, n, nullptr);
+    const int64_t ff = gate.view.ne[1];
+    float* mid = alloc(n * ff);
+    const Matrix g = matrix(gate), u = matrix(up), d = matrix(down);
+    const int64_t ws_bytes =
+        std::max(cuda::matmul_swiglu_workspace_bytes(g, n), cuda::matmul_workspace_bytes(d, n));
+    if (skip(ws_bytes)) return;
+    Scope s(this, op_class::kFfn);
+    cuda::matmul_swiglu(g, u, x, mid, n, ws_, stream_);
+    prefetch_after({g, u}, n, stream_);
+    cuda::matmul(d, mid, out, n, ws_, stream_);
+    prefetch_after({d}, n, stream_);
   }
 
   // ---- Blocks ----
@@ -412,52 +405,6 @@ class CudaOps final : public Ops {
     prefetch_after(std::span<const Matrix>(read.begin(), read.size()), n, stream);
   }
 
-  // The norm a GEMV forms itself (add_rmsnorm_matmuls, add_rmsnorm_ffn_swiglu), with its counter.
-  cuda::NormIn norm_in(const NormedInput& in) {
-    return {.x = in.x,
-            .delta = in.delta,
-            .weight = ref::f32_data(*in.norm),
-            .h = in.h,
-            .eps = in.eps,
-            .counter = counters(1)};
-  }
-  // The projections p of x (matmuls), or with `norm` of the h their launch forms from it
-  // (add_rmsnorm_matmuls, which has checked that matmul_group_norm takes them).
-  void group_op(const float* x, int64_t n, const cuda::Projection* p, int n_p,
-                const cuda::NormIn* norm) {
-    if (skip(cuda::matmul_group_workspace_bytes(p, n_p, n))) return;
-    Scope s(this, op_class::kMatmul);
-    if (dropped(kDropGroup)) return;
-    if (norm != nullptr) {
-      cuda::matmul_group_norm(p, n_p, *norm, ws_, true, stream_);
-    } else {
-      cuda::matmul_group(p, n_p, x, n, ws_, stream_);
-    }
-    Matrix read[kMaxProjections];
-    for (int i = 0; i < n_p; ++i) read[i] = p[i].w;
-    prefetch_after(std::span<const Matrix>(read, static_cast<size_t>(n_p)), n, stream_);
-  }
-  // The dense SwiGLU FFN of x (ffn_swiglu), or with `norm` of the h its gate / up launch forms
-  // (add_rmsnorm_ffn_swiglu, which has checked that matmul_swiglu_norm takes them).
-  void ffn_swiglu_op(const Weight& gate, const Weight& up, const Weight& down, const float* x,
-                     float* out, int64_t n, const cuda::NormIn* norm) {
-    const int64_t ff = gate.view.ne[1];
-    float* mid = alloc(n * ff);
-    const Matrix g = matrix(gate), u = matrix(up), d = matrix(down);
-    const int64_t ws_bytes =
-        std::max(cuda::matmul_swiglu_workspace_bytes(g, n), cuda::matmul_workspace_bytes(d, n));
-    if (skip(ws_bytes)) return;
-    Scope s(this, op_class::kFfn);
-    if (norm != nullptr) {
-      cuda::matmul_swiglu_norm(g, u, *norm, mid, ws_, true, stream_);
-    } else {
-      cuda::matmul_swiglu(g, u, x, mid, n, ws_, stream_);
-    }
-    prefetch_after({g, u}, n, stream_);
-    cuda::matmul(d, mid, out, n, ws_, stream_);
-    prefetch_after({d}, n, stream_);
-  }
-
   // The arguments of the fused norm and routing, less the step's scratch.
   cuda::NormRouteArgs norm_route_args(const NormedInput& in, const MoeWeights& w, int64_t n,
                                       int n_expert, int k);
@@ -582,7 +529,6 @@ class CudaOps final : public Ops {
   // GEMVs' 1,273 / 1,449 / 1,627. QWENRT_CUDA_GROUPED_ROWS sets both.
   int64_t mmq_min_rows_ = 16;
   bool norm_route_ = true;    // add_rmsnorm_moe fused (QWENRT_CUDA_NORM_ROUTE)
-  bool norm_gemv_ = false;    // add_rmsnorm_matmuls / _ffn_swiglu fused (QWENRT_CUDA_NORM_GEMV)
   bool down_combine_ = true;  // experts_down_combine (QWENRT_CUDA_DOWN_COMBINE)
   bool moe_row_ = true;       // a decode row's experts in two launches (QWENRT_CUDA_MOE_ROW)
   bool fused_conv_ = true;    // the DeltaNet decode conv folded in (QWENRT_CUDA_FUSED_CONV)

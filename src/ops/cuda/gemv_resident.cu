@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -55,7 +54,7 @@ constexpr int stream_max_threads() {
   return 32 * ((MODE == kResSwiglu ? kResMaxSlices : kStreamMaxWarps) + 1);
 }
 
-template <class T, int UPL, int MODE, bool kNorm = false>
+template <class T, int UPL, int MODE>
 __global__ void __launch_bounds__(stream_max_threads<MODE>())
     stream_gemv_kernel(const __grid_constant__ ResidentArgs a) {
   constexpr int NM = resident_mats<MODE>();
@@ -105,17 +104,10 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
   const int n_units = a.in / unit_elems<T>();
   const int u0 = 32 * UPL * s + lane;
   const int j = lane % T::kUnits;
-  // The consumers' own barrier (the producer never joins one).
-  const auto bar = [consumers] {
-    asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
-  };
-  float* s_h = reinterpret_cast<float*>(st_smem + a.norm_smem);
-  if constexpr (kNorm) norm_in_prefetch(a);
   pdl_wait();
-  if constexpr (kNorm) norm_in_shared(a, s_h, threadIdx.x, 32 * consumers, bar);
   if (a.xq == nullptr) {
-    quantise_x_shared(kNorm ? s_h : a.x, a.in, sq, sd, threadIdx.x, 32 * consumers);
-    bar();
+    quantise_x_shared(a.x, a.in, sq, sd, threadIdx.x, 32 * consumers);
+    asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
   }
   LaneActs<T, UPL> act;
   act.load(a.xq ? a.xq : sq, a.xq ? a.xd : sd, u0, j, n_units);
@@ -156,11 +148,10 @@ __global__ void __launch_bounds__(stream_max_threads<MODE>())
     }
   }
   if (S > 1) {
-    bar();
+    asm volatile("bar.sync 1, %0;" ::"r"(32 * consumers) : "memory");
     resident_store_partials<MODE>(a, a.ids, part, part_stride, threadIdx.x, 32 * consumers,
                                   blockIdx.x, gridDim.x);
   }
-  if constexpr (kNorm) norm_in_last(a, s_h, threadIdx.x, 32 * consumers, bar);
 }
 
 // kernel<<<(grid, grid_y), threads, smem, stream>>>(a), with programmatic stream serialization
@@ -172,20 +163,10 @@ void launch_pdl(Kernel* kernel, int64_t grid, int threads, size_t smem, cudaStre
                   dim3(static_cast<unsigned>(threads)), smem, stream, a);
 }
 
-// A block's shared memory with the norm's h [in] after its `bytes` (16-byte aligned), where a
-// has a norm (ResidentArgs::norm_w); place_norm also sets its offset.
-size_t with_norm(const ResidentArgs& a, size_t bytes) {
-  return a.norm_w != nullptr ? (bytes + 15) / 16 * 16 + size_t(a.in) * 4 : bytes;
-}
-size_t place_norm(ResidentArgs& a, size_t bytes) {
-  a.norm_smem = static_cast<int>((bytes + 15) / 16 * 16);
-  return with_norm(a, bytes);
-}
-
-template <class T, int UPL, int MODE, bool kNorm>
+template <class T, int UPL, int MODE>
 void launch_resident(ResidentArgs a, cudaStream_t stream, unsigned pairs = 1) {
   constexpr int NM = resident_mats<MODE>();
-  auto* kernel = resident_gemv_kernel<T, UPL, MODE, kNorm>;
+  auto* kernel = resident_gemv_kernel<T, UPL, MODE>;
   const int S = a.slices, R = a.row_lanes, threads = 32 * S * R;
   const int64_t groups = (a.total_rows + R - 1) / R;
   const size_t base = a.xq ? 0 : size_t(a.in) + size_t(a.in / qb::kActBlock) * 4;
@@ -194,10 +175,9 @@ void launch_resident(ResidentArgs a, cudaStream_t stream, unsigned pairs = 1) {
   };
   // kResPairs: the blocks that fit are shared out over the pairs (grid.y).
   const int64_t grid = std::max<int64_t>(
-      1,
-      persistent_grid(kernel, threads, with_norm(a, base + part_bytes(8)), groups * pairs) / pairs);
+      1, persistent_grid(kernel, threads, base + part_bytes(8), groups * pairs) / pairs);
   a.max_groups = static_cast<int>((groups + grid - 1) / grid);
-  const size_t smem = place_norm(a, base + part_bytes(a.max_groups));
+  const size_t smem = base + part_bytes(a.max_groups);
   if (smem > 48 * 1024) {
     QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
@@ -222,7 +202,7 @@ bool stream_on() {
 // Launches the streamed kernel for a (slices set, row_lanes chosen here); false, having launched
 // nothing, where its layout does not fit: rows or expert strides not a multiple of 16 bytes,
 // unaligned weights, fewer than two stages in the ring, or more shared memory than a block has.
-template <class T, int UPL, int MODE, bool kNorm>
+template <class T, int UPL, int MODE>
 bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   constexpr int NM = resident_mats<MODE>();
   // Measured (bench/results/h200-decode-stream.md): faster on rows of 5120 and more (the 27B's
@@ -248,7 +228,7 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
   a.stages = static_cast<int>(
       std::min<int64_t>(kStreamMaxStages, int64_t{ring_kb} * 1024 / a.stage_bytes));
   if (a.stages < 2) return false;
-  auto* kernel = stream_gemv_kernel<T, UPL, MODE, kNorm>;
+  auto* kernel = stream_gemv_kernel<T, UPL, MODE>;
   const int threads = 32 * (S * R + 1);
   const int64_t groups = (a.total_rows + R - 1) / R;
   const size_t base = kStreamBarBytes + size_t(a.stages) * size_t(a.stage_bytes) +
@@ -257,43 +237,33 @@ bool launch_stream(ResidentArgs a, cudaStream_t stream) {
     return S > 1 ? size_t(NM) * S * R * size_t(max_groups) * 4 : 0;
   };
   static const size_t kMaxSmem = max_dynamic_smem(kernel);
-  if (with_norm(a, base + part_bytes(8)) > kMaxSmem) return false;
+  if (base + part_bytes(8) > kMaxSmem) return false;
   QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kMaxSmem)));
-  const int64_t grid = persistent_grid(kernel, threads, with_norm(a, base + part_bytes(8)), groups);
+  const int64_t grid = persistent_grid(kernel, threads, base + part_bytes(8), groups);
   a.max_groups = static_cast<int>((groups + grid - 1) / grid);
-  const size_t smem = place_norm(a, base + part_bytes(a.max_groups));
+  const size_t smem = base + part_bytes(a.max_groups);
   if (smem > kMaxSmem) return false;
   launch_pdl(kernel, grid, threads, smem, stream, a);
   return true;
 }
 
-// The streamed kernel where it fits, else the resident one; the kernels that form their input's
-// norm where a has one (only the modes that take one have them).
+// The streamed kernel where it fits, else the resident one.
 template <class T, int UPL, int MODE>
 void launch_gemv(const ResidentArgs& a, cudaStream_t stream, unsigned pairs) {
-  if constexpr (MODE == kResJobs || MODE == kResSwiglu) {
-    if (a.norm_w != nullptr) {
-      if (!launch_stream<T, UPL, MODE, true>(a, stream))
-        launch_resident<T, UPL, MODE, true>(a, stream, pairs);
-      return;
-    }
-  }
-  if (!launch_stream<T, UPL, MODE, false>(a, stream))
-    launch_resident<T, UPL, MODE, false>(a, stream, pairs);
+  if (!launch_stream<T, UPL, MODE>(a, stream)) launch_resident<T, UPL, MODE>(a, stream, pairs);
 }
 
 // The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
 // none: other types, rows it cannot slice, unaligned x, or QWENRT_CUDA_RESIDENT=0.
 template <int MODE>
 bool resident(const MatArg& m, ResidentArgs a, void* workspace, cudaStream_t stream,
-              unsigned pairs = 1, bool launch = true) {
+              unsigned pairs = 1) {
   if (resident_off() || a.in % 256 != 0 || !aligned(a.x, 16)) return false;
   // Each pair's row quantised in the kernel (never by the separate launch, which does one row).
   if (MODE == kResPairs && a.in > kResQuantiseInKernelMax) return false;
   const ResidentPlan plan = resident_plan<MODE>(m, a);
   if (plan.kind == kResNone) return false;
-  if (!launch) return true;
   const ResidentShape shape = plan.shape;
   a.slices = shape.slices;
   a.row_lanes = std::max(1, kResRowWarps / shape.slices);
@@ -379,37 +349,8 @@ bool two_if(const ResidentPlan& p1, const ResidentPlan& p2, const ResidentArgs& 
 
 }  // namespace
 
-namespace {
-
-// QWENRT_CUDA_NORM_GEMV=stream: the norm formed only by the streamed kernel, for rows it takes
-// (the resident kernel, on shorter rows, leaves it to add_rmsnorm). Read per call: tests switch it.
-bool norm_where_streamed() {
-  const char* v = std::getenv("QWENRT_CUDA_NORM_GEMV");
-  return v != nullptr && std::strcmp(v, "stream") == 0;
-}
-
-// The norm a launch forms itself (NormIn) into a's fields; false where it cannot (rows of a width
-// norm_row.cuh's layout does not take, unaligned rows) or, with QWENRT_CUDA_NORM_GEMV=stream,
-// where the rows are too short for the streamed kernel.
-bool set_norm(ResidentArgs& a, const NormIn* norm) {
-  if (norm == nullptr) return true;
-  if (!norm_row_fits(a.in) || !aligned(norm->x, 16) || !aligned(norm->delta, 16) ||
-      !aligned(norm->weight, 16) || !aligned(norm->h, 16) || norm->counter == nullptr)
-    return false;
-  if (norm_where_streamed() && (a.in < kStreamMinIn || !stream_on())) return false;
-  a.norm_x = norm->x;
-  a.norm_delta = norm->delta;
-  a.norm_w = norm->weight;
-  a.norm_h = norm->h;
-  a.norm_counter = norm->counter;
-  a.norm_eps = norm->eps;
-  return true;
-}
-
-}  // namespace
-
 bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
-                    cudaStream_t stream, const NormIn* norm, bool launch) {
+                    cudaStream_t stream) {
   ResidentArgs a{};
   a.n_jobs = g.n_jobs;
   int64_t rows = 0;
@@ -426,16 +367,15 @@ bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
   a.total_rows = rows;
   a.x = x;
   a.in = static_cast<int>(in);
-  return in <= (1 << 20) && set_norm(a, norm) &&
-         resident<kResJobs>(g.job[0].m, a, workspace, stream, 1, launch);
+  return in <= (1 << 20) && resident<kResJobs>(g.job[0].m, a, workspace, stream);
 }
 
 bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,
-                     void* workspace, cudaStream_t stream, const NormIn* norm, bool launch) {
+                     void* workspace, cudaStream_t stream) {
   if (g.dtype != u.dtype || g.q8s != u.q8s || in > (1 << 20)) return false;
   ResidentArgs a = gate_up_args(g, u, x, in, y);
   a.total_rows = g.out;
-  return set_norm(a, norm) && resident<kResSwiglu>(g, a, workspace, stream, 1, launch);
+  return resident<kResSwiglu>(g, a, workspace, stream);
 }
 
 bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,

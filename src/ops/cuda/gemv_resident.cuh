@@ -12,11 +12,8 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/matmul_args.cuh"
-#include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/pdl.cuh"
-#include "ops/cuda/prefetch.cuh"
 #include "ops/cuda/quant_blocks.cuh"
-#include "ops/cuda/warp.cuh"
 
 namespace qwenrt::ops::cuda::mm {
 
@@ -85,17 +82,6 @@ struct ResidentArgs {
   int64_t zero_n;
   bool add_out;
   const float* out_scale;
-  // A decode row's residual add and norm formed in the kernel (NormIn; kResJobs and kResSwiglu):
-  // with norm_w set, every block forms x = rmsnorm(norm_x + norm_delta) * norm_w itself, in shared
-  // memory at norm_smem (bytes from the start of the dynamic shared memory, in floats), and the
-  // launch's last block to finish (norm_counter) writes norm_x += norm_delta and h to norm_h.
-  float* norm_x;
-  const float* norm_delta;
-  const float* norm_w;
-  float* norm_h;
-  unsigned* norm_counter;
-  float norm_eps;
-  int norm_smem;
 };
 
 template <int MODE>
@@ -280,103 +266,6 @@ __device__ __forceinline__ void quantise_x_shared(const float* x, int in, int8_t
   for (int t = tid; t < units; t += n) quantise_eight(x4[2 * t], x4[2 * t + 1], t, sq, sd);
 }
 
-// ---- The residual add and norm in front of a decode row's GEMV (ResidentArgs::norm_w) ---------
-// Every block forms h = rmsnorm(norm_x + norm_delta) * norm_w into s_h [in] (fp32, shared memory)
-// before it quantises it, with norm_row.cuh's arithmetic as kNormRowThreads threads do it: warp w
-// of the block's `warps` takes the virtual warps w, w + warps, ... of that layout, so h is
-// add_rmsnorm's bit for bit whatever the block's shape. in: what norm_row_fits takes. Threads tid
-// of n (whole warps) call it; `bar` synchronises them. The norm weights were asked into L2 before
-// the wait (norm_in_prefetch).
-// float4s of x and delta a thread has in flight at once (the 27B's 5120-wide rows in one round;
-// fewer registers than all eight).
-inline constexpr int kNormChunk = 5;
-
-__device__ __forceinline__ void norm_in_prefetch(const ResidentArgs& a) {
-  if (threadIdx.x == 0) l2_prefetch_range(a.norm_w, int64_t{a.in} * 4);
-}
-
-template <class Bar>
-__device__ __forceinline__ void norm_in_shared(const ResidentArgs& a, float* s_h, int tid, int n,
-                                               Bar bar) {
-  constexpr int kVWarps = kNormRowThreads / 32;
-  __shared__ float s_warp[kVWarps];
-  const int64_t dim4 = a.in / 4;
-  const int nv = static_cast<int>(dim4 / kNormRowThreads);
-  const float4* x4 = reinterpret_cast<const float4*>(a.norm_x);
-  const float4* d4 = reinterpret_cast<const float4*>(a.norm_delta);
-  const float4* w4 = reinterpret_cast<const float4*>(a.norm_w);
-  float4* h4 = reinterpret_cast<float4*>(s_h);
-  const int warp = tid / 32, lane = tid % 32, warps = n / 32;
-  for (int vw = warp; vw < kVWarps; vw += warps) {
-    const int t = vw * 32 + lane;
-    float ss = 0;
-    for (int k0 = 0; k0 < nv; k0 += kNormChunk) {
-      float4 v[kNormChunk];
-#pragma unroll
-      for (int k = 0; k < kNormChunk; ++k) {
-        const int i = t + (k0 + k) * kNormRowThreads;
-        if (k0 + k < nv) v[k] = add4(x4[i], d4[i]);
-      }
-#pragma unroll
-      for (int k = 0; k < kNormChunk; ++k) {
-        if (k0 + k < nv) {
-          ss = add_sq4(ss, v[k]);
-          h4[t + (k0 + k) * kNormRowThreads] = v[k];
-        }
-      }
-    }
-    ss = cuda::warp_sum(ss);
-    if (lane == 0) s_warp[vw] = ss;
-  }
-  bar();
-  float total = 0;
-#pragma unroll
-  for (int q = 0; q < kVWarps; ++q) total += s_warp[q];
-  const float inv = norm_row_inv(total, dim4, a.norm_eps);
-  for (int vw = warp; vw < kVWarps; vw += warps) {
-    const int t = vw * 32 + lane;
-    for (int k0 = 0; k0 < nv; k0 += kNormChunk) {
-      float4 w[kNormChunk];
-#pragma unroll
-      for (int k = 0; k < kNormChunk; ++k) {
-        if (k0 + k < nv) w[k] = w4[t + (k0 + k) * kNormRowThreads];
-      }
-#pragma unroll
-      for (int k = 0; k < kNormChunk; ++k) {
-        const int i = t + (k0 + k) * kNormRowThreads;
-        if (k0 + k < nv) h4[i] = norm_row_scale(h4[i], inv, w[k]);
-      }
-    }
-  }
-  bar();
-}
-
-// After a block's rows: the launch's last block writes norm_x += norm_delta (the same floats as
-// its h was formed from: every block has read norm_x by now) and h, and resets the counter for
-// the next launch (which touches it only after its own wait, when this grid has finished).
-template <class Bar>
-__device__ __forceinline__ void norm_in_last(const ResidentArgs& a, const float* s_h, int tid,
-                                             int n, Bar bar) {
-  __shared__ bool s_last;
-  bar();
-  if (tid == 0) {
-    __threadfence();
-    s_last = atomicAdd(a.norm_counter, 1u) == gridDim.x * gridDim.y - 1;
-  }
-  bar();
-  if (!s_last) return;
-  __threadfence();
-  float4* x4 = reinterpret_cast<float4*>(a.norm_x);
-  const float4* d4 = reinterpret_cast<const float4*>(a.norm_delta);
-  float4* hg = reinterpret_cast<float4*>(a.norm_h);
-  const float4* h4 = reinterpret_cast<const float4*>(s_h);
-  for (int i = tid; i < a.in / 4; i += n) {
-    x4[i] = add4(x4[i], d4[i]);
-    hg[i] = h4[i];
-  }
-  if (tid == 0) *a.norm_counter = 0;
-}
-
 // A lane's units of x in registers: units u0 + 32 i (i < UPL) of every row, their int8 values
 // (av), scales (xd) and scaled sums (xs = xd sum(q)); zero past the row's n_units.
 template <class T, int UPL>
@@ -467,10 +356,7 @@ struct PdlWait {
 // The kernel's work as block bx of gx (a launch may hold two such grids: resident_two_kernel).
 // The first rows' weights load before `wait` unless they depend on expert ids not yet known
 // (kIdsReady: the ids are in place before the wait).
-// kNorm: x is formed from a's norm (ResidentArgs::norm_w), compiled only into the kernels that
-// take one (it costs registers: 126 -> 143 in the MoE row's gate / up kernel when present).
-template <class T, int UPL, int MODE, bool kIdsReady = false, class Wait = PdlWait,
-          bool kNorm = false>
+template <class T, int UPL, int MODE, bool kIdsReady = false, class Wait = PdlWait>
 __device__ __forceinline__ void resident_body(const ResidentArgs& a, ResInputs in, int bx, int gx,
                                               uint8_t* res_smem, Wait wait = {}) {
   constexpr int NM = resident_mats<MODE>();
@@ -516,7 +402,6 @@ __device__ __forceinline__ void resident_body(const ResidentArgs& a, ResInputs i
     check_ids();
     load_ahead();
   }
-  if constexpr (kNorm) norm_in_prefetch(a);
   wait();
   if constexpr (!kLoadEarly) {
     check_ids();
@@ -528,13 +413,9 @@ __device__ __forceinline__ void resident_body(const ResidentArgs& a, ResInputs i
       a.zero[i] = 0.0f;
   }
 
-  float* s_h = reinterpret_cast<float*>(res_smem + a.norm_smem);
-  const auto bar = [] { __syncthreads(); };
-  if constexpr (kNorm) norm_in_shared(a, s_h, threadIdx.x, blockDim.x, bar);
   if (a.xq == nullptr) {
-    const float* x = kNorm                                      ? s_h
-                     : MODE == kResPairs || MODE == kResCombine ? in.x + int64_t{blockIdx.y} * a.in
-                                                                : in.x;
+    const float* x =
+        MODE == kResPairs || MODE == kResCombine ? in.x + int64_t{blockIdx.y} * a.in : in.x;
     // kResCombine: each pair's block scales times its routing weight (loaded with x).
     const int n_blocks = a.in / qb::kActBlock;
     float wt = 0.0f;
@@ -596,15 +477,13 @@ rows_done:
     __syncthreads();
     resident_store_partials<MODE>(a, in.ids, part, part_stride, threadIdx.x, blockDim.x, bx, gx);
   }
-  if constexpr (kNorm) norm_in_last(a, s_h, threadIdx.x, blockDim.x, bar);
 }
 
-template <class T, int UPL, int MODE, bool kNorm = false>
+template <class T, int UPL, int MODE>
 __global__ void __launch_bounds__(resident_max_threads<unit_elems<T>(), UPL>())
     resident_gemv_kernel(const __grid_constant__ ResidentArgs a) {
   extern __shared__ __align__(16) uint8_t res_smem[];
-  resident_body<T, UPL, MODE, false, PdlWait, kNorm>(a, inputs_of(a), blockIdx.x, gridDim.x,
-                                                     res_smem);
+  resident_body<T, UPL, MODE>(a, inputs_of(a), blockIdx.x, gridDim.x, res_smem);
 }
 
 }  // namespace qwenrt::ops::cuda::mm

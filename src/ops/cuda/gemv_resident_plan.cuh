@@ -14,7 +14,6 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/gemv_resident.cuh"
 #include "ops/cuda/matmul_args.cuh"
-#include "ops/cuda/norm_row.cuh"
 #include "ops/cuda/quant_blocks.cuh"
 
 namespace qwenrt::ops::cuda::mm {
@@ -50,8 +49,6 @@ int64_t persistent_grid(Kernel* kernel, int threads, size_t smem, int64_t groups
 // instead of every block quantising the whole row itself (a 17408-wide row is 70 KB of floats a
 // block reads from L2 before its weights can be used).
 inline constexpr int kResQuantiseInKernelMax = 8192;
-static_assert(4 * kNormRowThreads * kNormRowMaxVec <= kResQuantiseInKernelMax,
-              "a row with its norm formed in the kernel is quantised there too");
 
 // The resident kernel for `m`'s type with a's in and mode; false (nothing launched) where it has
 // none: other types, rows over 18432 wide, unaligned x, or QWENRT_CUDA_RESIDENT=0.

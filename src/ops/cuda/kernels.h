@@ -73,27 +73,6 @@ struct Projection {
 int64_t matmul_group_workspace_bytes(const Projection* p, int n_p, int64_t n);
 void matmul_group(const Projection* p, int n_p, const float* x, int64_t n, void* workspace,
                   cudaStream_t stream);
-// A decode row's residual add and norm that a GEMV forms itself (Ops::add_rmsnorm_matmuls): x
-// [dim] += delta, h = rmsnorm(x) * weight (add_rmsnorm's floats, bit for bit), h the GEMV's input.
-// counter: one zero unsigned int, left zero (the launch's last block writes x and h, then resets
-// it).
-struct NormIn {
-  float* x;
-  const float* delta;
-  const float* weight;
-  float* h;
-  float eps;
-  unsigned* counter;
-};
-// matmul_group / matmul_swiglu of one row whose input norm.h the kernel forms from `norm`, writing
-// x and h as add_rmsnorm does: the resident GEMV the plain launchers run for one row, so the
-// outputs are theirs bit for bit. False, having launched nothing, where that kernel does not take
-// the matrices or the row (then run add_rmsnorm and the plain launcher); launch false: only
-// whether it would.
-bool matmul_group_norm(const Projection* p, int n_p, const NormIn& norm, void* workspace,
-                       bool launch, cudaStream_t stream);
-bool matmul_swiglu_norm(const Matrix& gate, const Matrix& up, const NormIn& norm, float* y,
-                        void* workspace, bool launch, cudaStream_t stream);
 // y [n, ff] = silu(x @ Wg^T) * (x @ Wu^T): the SwiGLU of a dense FFN or a shared expert, with a
 // workspace of matmul_swiglu_workspace_bytes.
 int64_t matmul_swiglu_workspace_bytes(const Matrix& gate, int64_t n);

@@ -568,32 +568,6 @@ void matmul_group(const Projection* p, int n_p, const float* x, int64_t n, void*
   run_group(p, n_p, x, n, workspace, stream);
 }
 
-// Only where the plain launchers would take the resident GEMV for one row too (so the fused
-// launch is theirs with its input formed inside).
-bool matmul_group_norm(const Projection* p, int n_p, const NormIn& norm, void* workspace,
-                       bool launch, cudaStream_t stream) {
-  if (n_p < 1 || n_p > kMaxJobs || mmq_dense_rows(1) || mma_rows(1)) return false;
-  Group g{};
-  g.n_jobs = n_p;
-  for (int i = 0; i < n_p; ++i) {
-    if (p[i].w.in != p[0].w.in || gemm_rows(p[i].w, 1)) return false;
-    g.job[i].m = mat_arg(p[i].w, norm.h, "matmul");
-    g.job[i].y = p[i].y;
-    g.job[i].y_stride = p[i].w.out;
-  }
-  return resident_group(g, norm.h, p[0].w.in, workspace, stream, &norm, launch);
-}
-
-bool matmul_swiglu_norm(const Matrix& gate, const Matrix& up, const NormIn& norm, float* y,
-                        void* workspace, bool launch, cudaStream_t stream) {
-  if (gate.in != up.in || gate.out != up.out || mmq_dense_rows(1) || mma_rows(1) ||
-      gemm_rows(gate, 1) || gemm_rows(up, 1))
-    return false;
-  const MatArg g = mat_arg(gate, norm.h, "matmul_swiglu gate"),
-               u = mat_arg(up, norm.h, "matmul_swiglu up");
-  return resident_swiglu(g, u, norm.h, gate.in, y, workspace, stream, &norm, launch);
-}
-
 void matmul_swiglu(const Matrix& gate, const Matrix& up, const float* x, float* y, int64_t n,
                    void* workspace, cudaStream_t stream) {
   if (n <= 0) return;

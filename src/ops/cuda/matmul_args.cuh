@@ -165,14 +165,11 @@ void mmq_dense_swiglu(const MatArg& gate, const MatArg& up, const Acts& a, int64
                       cudaStream_t stream, int tile_rows = 0);
 
 // ---- gemv_resident.cu: one activation row, x in fp32 (quantised inside) ----
-// Each returns false, having launched nothing, where it has no kernel or measured slower. With
-// `norm`, x is norm->h, which the kernel forms and writes; launch false: only whether it would
-// launch.
+// Each returns false, having launched nothing, where it has no kernel or measured slower.
 bool resident_group(const Group& g, const float* x, int64_t in, void* workspace,
-                    cudaStream_t stream, const NormIn* norm = nullptr, bool launch = true);
+                    cudaStream_t stream);
 bool resident_swiglu(const MatArg& g, const MatArg& u, const float* x, int64_t in, float* y,
-                     void* workspace, cudaStream_t stream, const NormIn* norm = nullptr,
-                     bool launch = true);
+                     void* workspace, cudaStream_t stream);
 bool resident_experts_swiglu(const MatArg& g, const MatArg& u, const int32_t* ids, int k,
                              const float* x, int64_t in, float* y, void* workspace,
                              cudaStream_t stream);

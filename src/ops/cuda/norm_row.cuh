@@ -1,9 +1,9 @@
 // The arithmetic every kernel that forms a decode row's RMSNorm shares (elementwise.cu's
-// rmsnorm_regs_kernel, routing.cuh's add_norm_row, the GEMVs that form their input themselves:
-// gemv_resident.cuh's norm_in_shared), so that their h agree bit for bit: a row of dim4 float4s
+// rmsnorm_regs_kernel, routing.cuh's add_norm_row, used by moe.cu's norm_route_kernel and
+// moe_fused.cu), so that their h agree bit for bit: a row of dim4 float4s
 // summed as kNormRowThreads threads do it (thread t: the squares of float4s t, t + kNormRowThreads,
-// ... in order, each float4's four squares as sum_sq4 adds them (add_sq4); then each warp's warp_sum, and
-// the warps' sums added in warp order), inv = norm_row_inv(total, dim4, eps), h = v * inv * w.
+// ... in order, add_sq4; then each warp's warp_sum, and the warps' sums added in warp order),
+// inv = norm_row_inv(total, dim4, eps), h = v * inv * w.
 #pragma once
 
 #include <cstdint>
