@@ -3,7 +3,7 @@
 # kernel micro-benchmarks and a profile of batch-1 decode on a full-size synthetic file, with the
 # binaries built here (build-cuda/, or packed into .carry/bin.tar.xz by tools/cuda/pack_binaries.sh)
 # and the shared libraries the GPU image lacks (.carry/lib).
-#   bash tools/cuda/device_check.sh [tests] [micro] [profile] [prefill] [memory] [profile4k] [gemm] [timeline] [all-tests]
+#   bash tools/cuda/device_check.sh [tests] [micro] [profile] [prefill] [memory] [profile4k] [gemm] [timeline] [stalls] [all-tests]
 # tests: TEST_FILTER (default '*Cuda*:*cuda*'), TEST_TIMEOUT (s, default 300), TEST_LOG (log name
 # suffix) narrow a run.
 # prefill: prompt processing (512 and 4,096 tokens) of the 35B-A3B and 27B Q4_K_M files, timed and
@@ -80,6 +80,18 @@ for what in "$@"; do
         head -45 "$out/timeline-$m$tag.txt"
         xz -T4 -c /tmp/timeline-$m$tag.csv > "$out/timeline-$m$tag.csv.xz"
       done ;;
+    stalls)
+      # Where the 35B-A3B's decode kernels stall (ncu sections, graphs off, caches warm): the norm
+      # and routing, the MoE row's two launches, the projection GEMVs and the one-block norm, a
+      # few of each from the second token on. KERNELS overrides the name filter (ncu regex).
+      f=/tmp/synth-35B-A3B.gguf
+      [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-35B-A3B --quant Q4_K_M --out $f > /dev/null
+      QWENRT_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --cache-control none \
+        --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+        -k "regex:${KERNELS:-norm_route|resident_two|resident_gemv|rmsnorm_regs}" --launch-skip 400 \
+        --launch-count 12 build-cuda/qwenrt bench -m $f -p 1 -n 8 -b 0 -r 1 > "$out/stalls-35B-A3B.txt" 2>&1
+      grep -E "^  [a-zA-Z_:]+.*\(|Duration|Warp Cycles Per Issued|Achieved Occupancy|Memory Throughput" \
+        "$out/stalls-35B-A3B.txt" | head -60 ;;
     gemm)
       QWENRT_BENCH_TYPES=Q4_K,Q5_K,Q6_K,IQ4_XS,Q8_0sb timeout 200 build-cuda/cuda_gemv_bench 5 32,128,512 2>&1 | tee "$out/gemm-bench.txt"
       QWENRT_CUDA_GEMM_ROWS=0 QWENRT_BENCH_TYPES=Q4_K,Q8_0sb timeout 200 build-cuda/cuda_gemv_bench 3 32,128 2>&1 | tee "$out/gemm-bench-gemv.txt" ;;
