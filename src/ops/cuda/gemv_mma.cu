@@ -441,9 +441,9 @@ bool launch_ring(const Group& g, int64_t n, const Acts& a, int64_t tiles, int wa
         static_cast<int>(std::clamp<int64_t>(int64_t{ring_kb} * 1024 / stage, 2, kRingMaxStages));
     const size_t red = (size_t{NM} * MT * NT * 4 * 32 * 4 * warps + 127) / 128 * 128;
     const size_t smem = kRingBarBytes + red + size_t(stages) * size_t(stage);
-    constexpr size_t kMaxSmem = 227 * 1024;
-    if (smem > kMaxSmem) return false;
     auto* kernel = mma_ring_kernel<T, NT, NM, MT, TL>;
+    static const size_t kMaxSmem = max_dynamic_smem(kernel);
+    if (smem > kMaxSmem) return false;
     const int threads = 32 * (warps + 1);
     if (threads > ring_max_threads<NT>()) return false;  // (QWENRT_CUDA_MMA_WARPS above the rule)
     QWENRT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

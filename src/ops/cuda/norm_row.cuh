@@ -21,9 +21,9 @@ __host__ __device__ constexpr bool norm_row_fits(int64_t dim) {
 
 // Every float operation below is spelled out (the _rn intrinsics, which the compiler neither
 // contracts into fused multiply-adds nor reorders), so each kernel that inlines them computes the
-// same floats. Written as plain expressions they did not: the compiler chose the contractions per
-// kernel, and the GEMV's h and the routing kernel's came out 1-2 ulps from rmsnorm_regs_kernel's
-// (the GPU tests, session 36).
+// same floats. Written as plain expressions they did not: on the GPU the routing kernel's h once
+// differed from rmsnorm_regs_kernel's (session 36's tests), the compiler's contraction choice
+// differing per kernel; spelled out, they agree bit for bit.
 
 // The squares of v's four floats summed: ((x * x + y * y) + z * z) + w * w, each add fused with
 // the multiply beside it.
