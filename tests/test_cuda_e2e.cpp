@@ -134,13 +134,18 @@ TEST(CudaEndToEnd, GraphReplayEqualsEagerSteps) {
     setenv("QWENRT_CUDA_GRAPHS", "0", 1);
     auto eager = load(p.gguf, "cuda");
     unsetenv("QWENRT_CUDA_GRAPHS");
-    auto graphed = load(p.gguf, "cuda");
+    auto graphed = load(p.gguf, "cuda");  // replays launched as their step begins
+    setenv("QWENRT_CUDA_EARLY_LAUNCH", "0", 1);
+    auto late = load(p.gguf, "cuda");  // replays launched once the step's ops have been walked
+    unsetenv("QWENRT_CUDA_EARLY_LAUNCH");
     const auto a = greedy(*eager, prompt, 40);
-    const auto b = greedy(*graphed, prompt, 40);
-    for (int i = 0; i < 40; ++i) {
-      ASSERT_EQ(a[i].id, b[i].id) << p.gguf << " token " << i;
-      ASSERT_EQ(a[i].logprob, b[i].logprob) << p.gguf << " token " << i;
-      for (int t = 0; t < a[i].n_top; ++t) ASSERT_EQ(a[i].top_ids[t], b[i].top_ids[t]);
+    for (auto* engine : {graphed.get(), late.get()}) {
+      const auto b = greedy(*engine, prompt, 40);
+      for (int i = 0; i < 40; ++i) {
+        ASSERT_EQ(a[i].id, b[i].id) << p.gguf << " token " << i;
+        ASSERT_EQ(a[i].logprob, b[i].logprob) << p.gguf << " token " << i;
+        for (int t = 0; t < a[i].n_top; ++t) ASSERT_EQ(a[i].top_ids[t], b[i].top_ids[t]);
+      }
     }
   }
 }

@@ -50,6 +50,7 @@ CudaOps::CudaOps(int device) : device_(device) {
   down_combine_ = env_flag("QWENRT_CUDA_DOWN_COMBINE", true);
   moe_row_ = env_flag("QWENRT_CUDA_MOE_ROW", true);
   fused_conv_ = env_flag("QWENRT_CUDA_FUSED_CONV", true);
+  early_launch_ = env_flag("QWENRT_CUDA_EARLY_LAUNCH", true);
   drop_ = parse_drop(std::getenv("QWENRT_CUDA_DROP"));
   grow_counters(kInitialCounters);
 }
@@ -157,6 +158,7 @@ Weight CudaOps::place(const Weight& w) {
 void CudaOps::begin_step(const StepLayout& layout) {
   if (mode_ == Mode::kCapture) abort_capture();
   mode_ = Mode::kEager;
+  replay_launched_ = false;
   QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the staging buffer is free again
   host_step_ = layout;
   // The stream is idle: the PLE token state written since the last step is read back here,
@@ -231,6 +233,9 @@ void CudaOps::choose_mode(const StepLayout& l) {
     mode_ = Mode::kReplay;
     replay_ = &it->second;
     op_count_ = 0;
+    // The layout's upload is ahead of it on the stream; the ops' walk checks the count after.
+    replay_launched_ = early_launch_ && !replay_->host_fed;
+    if (replay_launched_) QWENRT_CUDA_CHECK(cudaGraphLaunch(replay_->exec, stream_));
     return;
   }
   if (it != graphs_.end()) {  // addresses moved since it was captured
@@ -243,6 +248,7 @@ void CudaOps::choose_mode(const StepLayout& l) {
   mode_ = Mode::kCapture;
   capture_key_ = key;
   capture_generation_ = generation();
+  capture_host_fed_ = false;
   op_count_ = 0;
   QWENRT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
 }
@@ -258,6 +264,7 @@ void CudaOps::end_capture(const char* what) {
     QWENRT_CUDA_CHECK(cudaGraphDestroy(graph));
     g.generation = capture_generation_;
     g.n_ops = op_count_;
+    g.host_fed = capture_host_fed_;
     QWENRT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     if (g.generation != generation() || what) {
       QWENRT_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -274,7 +281,8 @@ void CudaOps::end_capture(const char* what) {
       fail("cuda backend: a replayed step called {} ops, its graph holds {}", op_count_,
            replay_->n_ops);
     }
-    QWENRT_CUDA_CHECK(cudaGraphLaunch(replay_->exec, stream_));
+    if (!replay_launched_) QWENRT_CUDA_CHECK(cudaGraphLaunch(replay_->exec, stream_));
+    replay_launched_ = false;
   }
   mode_ = Mode::kEager;
 }
@@ -340,9 +348,6 @@ void CudaOps::sample(const float* logits, int64_t n_vocab, const SamplingRow* ro
     plain_greedy = r.temperature == 0 && r.logit_bias.empty() && r.presence_penalty == 0 &&
                    r.frequency_penalty == 0 && r.repetition_penalty == 1;
   }
-  uint8_t* dev = sample_dev_.get(total);
-  QWENRT_CUDA_CHECK(
-      cudaMemcpyAsync(dev, host, static_cast<size_t>(total), cudaMemcpyHostToDevice, stream_));
   const int64_t out_bytes = n_rows * int64_t{sizeof(SampledToken)};
   auto* dout = reinterpret_cast<SampledToken*>(sample_out_dev_.get(out_bytes));
   {
@@ -350,7 +355,10 @@ void CudaOps::sample(const float* logits, int64_t n_vocab, const SamplingRow* ro
     if (plain_greedy && n_rows <= 65535) {
       void* ws = arena_.take(cuda::sample_greedy_workspace_bytes(n_rows));
       cuda::sample_greedy(logits, n_vocab, n_rows, dout, ws, stream_);
-    } else {
+    } else {  // the rows go up only where the kernel reads them
+      uint8_t* dev = sample_dev_.get(total);
+      QWENRT_CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(total),
+                                        cudaMemcpyHostToDevice, stream_));
       void* ws = arena_.take(cuda::sample_workspace_bytes(n_rows, n_vocab));
       cuda::sample(logits, n_vocab, reinterpret_cast<const cuda::DeviceSamplingRow*>(dev), n_rows,
                    reinterpret_cast<const int32_t*>(dev + bias_ids_off),

@@ -310,6 +310,9 @@ class CudaOps final : public Ops {
     uint64_t generation = 0;
     int64_t n_ops = 0;
     size_t n_nodes = 0;
+    // A node reads pinned host memory that the step's ops fill as they are called (ple_embed's
+    // staged rows): such a graph launches only when its ops have run (end_capture).
+    bool host_fed = false;
   };
 
   // Times one op with events when profiling.
@@ -544,6 +547,12 @@ class CudaOps final : public Ops {
   GraphKey capture_key_{};
   uint64_t capture_generation_ = 0;
   Graph* replay_ = nullptr;
+  // A replay is launched at begin_step, before the host walks the step's ops (which then only
+  // count and take their workspace): the walk overlaps the GPU's work instead of preceding it
+  // (QWENRT_CUDA_EARLY_LAUNCH=0 launches at the step's end as before).
+  bool early_launch_ = true;
+  bool replay_launched_ = false;
+  bool capture_host_fed_ = false;  // the capture under way holds a host-fed node (Graph)
   int64_t op_count_ = 0;
 
   std::unique_ptr<cuda::L2Prefetcher> prefetcher_;

@@ -104,6 +104,7 @@ void CudaOps::ple_embed(const PleEmbedArgs& a) {
     }
   }
   if (replay) return;
+  if (mode_ == Mode::kCapture) capture_host_fed_ = true;  // the copies below read `stage`
   Scope s(this, op_class::kEmbed);
   if (step.n > 0) {
     QWENRT_CUDA_CHECK(cudaMemcpyAsync(a.out, stage,
