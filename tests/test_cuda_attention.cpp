@@ -148,8 +148,9 @@ class AttentionRig {
   AttentionRig& operator=(const AttentionRig&) = delete;
 
   // One step: spans in the given order over rows [0, n), fresh q / k / v, both backends, compared.
-  // q rows are q_pad floats longer than n_head * head_dim.
-  void step(const std::vector<SpanRows>& rows, int q_pad) {
+  // q rows are q_pad floats longer than n_head * head_dim. `gated`: attention_gated with a fresh
+  // output gate (rows 4 floats longer than the output's).
+  void step(const std::vector<SpanRows>& rows, int q_pad, bool gated = false) {
     const int hd = shape_.head_dim;
     std::vector<Span> spans;
     std::vector<int32_t> positions;
@@ -180,48 +181,85 @@ class AttentionRig {
     for (auto& x : v) x = nd(rng_);
     const float scale = 1.0f / std::sqrt(float(hd));
 
-    // The GPU run (outputs poisoned with NaN first).
-    std::vector<float> got(size_t(n) * out_row, NAN);
-    {
-      float* q_d = cuda_->alloc(int64_t(q.size()));
-      float* k_d = cuda_->alloc(int64_t(k.size()));
-      float* v_d = cuda_->alloc(int64_t(v.size()));
-      float* out_d = cuda_->alloc(int64_t(got.size()));
-      cuda_->upload(q.data(), q_d, int64_t(q.size()));
-      cuda_->upload(k.data(), k_d, int64_t(k.size()));
-      cuda_->upload(v.data(), v_d, int64_t(v.size()));
-      cuda_->upload(got.data(), out_d, int64_t(got.size()));
-      const KvLayer kv{.k = k_dev_, .v = v_dev_, .page_size = page_size_, .kv_dim = kv_dim_};
-      cuda_->begin_step(layout);
-      cuda_->attention({.q = q_d,
-                        .q_stride = q_stride,
-                        .k = k_d,
-                        .v = v_d,
-                        .kv = kv,
-                        .out = out_d,
-                        .n_head = shape_.n_head,
-                        .n_head_kv = shape_.n_head_kv,
-                        .head_dim = hd,
-                        .scale = scale});
-      cuda_->download(out_d, got.data(), int64_t(got.size()));
-      cuda_->reset_workspace();
+    // The reference run on the host pools (attention_gated: ref's attention, then sigmoid_mul).
+    std::vector<float> gate;
+    const int64_t gate_stride = out_row + 4;
+    if (gated) {
+      gate.resize(size_t(n) * gate_stride);
+      for (auto& x : gate) x = 2.0f * nd(rng_);
     }
-    // The reference run on the host pools.
     std::vector<float> want(size_t(n) * out_row, NAN);
     {
       const KvLayer kv{
           .k = k_host_.data(), .v = v_host_.data(), .page_size = page_size_, .kv_dim = kv_dim_};
       ref_->begin_step(layout);
-      ref_->attention({.q = q.data(),
-                       .q_stride = q_stride,
-                       .k = k.data(),
-                       .v = v.data(),
-                       .kv = kv,
-                       .out = want.data(),
-                       .n_head = shape_.n_head,
-                       .n_head_kv = shape_.n_head_kv,
-                       .head_dim = hd,
-                       .scale = scale});
+      const AttentionArgs args{.q = q.data(),
+                               .q_stride = q_stride,
+                               .k = k.data(),
+                               .v = v.data(),
+                               .kv = kv,
+                               .out = want.data(),
+                               .n_head = shape_.n_head,
+                               .n_head_kv = shape_.n_head_kv,
+                               .head_dim = hd,
+                               .scale = scale};
+      if (gated) {
+        ref_->attention_gated(args, gate.data(), gate_stride, n);
+      } else {
+        ref_->attention(args);
+      }
+    }
+
+    // The GPU runs (outputs poisoned with NaN first): the op under test, and where the step is
+    // gated, the same through the other paths, which must give the same bits: the split chunks
+    // merged by their last block or by a combine launch (QWENRT_CUDA_ATTN_FOLD=0), the gate in
+    // the merge or as sigmoid_mul after attention.
+    enum class Path { kOp, kThenSigmoidMul, kCombineLaunch };
+    auto run_cuda = [&](Path path) {
+      const testing_support::ScopedEnv fold("QWENRT_CUDA_ATTN_FOLD",
+                                            path == Path::kCombineLaunch ? "0" : "1");
+      std::vector<float> out(size_t(n) * out_row, NAN);
+      float* q_d = cuda_->alloc(int64_t(q.size()));
+      float* k_d = cuda_->alloc(int64_t(k.size()));
+      float* v_d = cuda_->alloc(int64_t(v.size()));
+      float* out_d = cuda_->alloc(int64_t(out.size()));
+      float* gate_d = gated ? cuda_->alloc(int64_t(gate.size())) : nullptr;
+      cuda_->upload(q.data(), q_d, int64_t(q.size()));
+      cuda_->upload(k.data(), k_d, int64_t(k.size()));
+      cuda_->upload(v.data(), v_d, int64_t(v.size()));
+      cuda_->upload(out.data(), out_d, int64_t(out.size()));
+      if (gated) cuda_->upload(gate.data(), gate_d, int64_t(gate.size()));
+      const KvLayer kv{.k = k_dev_, .v = v_dev_, .page_size = page_size_, .kv_dim = kv_dim_};
+      const AttentionArgs args{.q = q_d,
+                               .q_stride = q_stride,
+                               .k = k_d,
+                               .v = v_d,
+                               .kv = kv,
+                               .out = out_d,
+                               .n_head = shape_.n_head,
+                               .n_head_kv = shape_.n_head_kv,
+                               .head_dim = hd,
+                               .scale = scale};
+      cuda_->begin_step(layout);
+      if (!gated) {
+        cuda_->attention(args);
+      } else if (path == Path::kThenSigmoidMul) {
+        cuda_->attention(args);
+        cuda_->sigmoid_mul(out_d, gate_d, gate_stride, out_d, n, out_row);
+      } else {
+        cuda_->attention_gated(args, gate_d, gate_stride, n);
+      }
+      cuda_->download(out_d, out.data(), int64_t(out.size()));
+      cuda_->reset_workspace();
+      return out;
+    };
+    const std::vector<float> got = run_cuda(Path::kOp);
+    // Each path appends the same K/V rows again.
+    EXPECT_EQ(differing_floats(run_cuda(Path::kCombineLaunch), got), 0)
+        << "the combine launch's merge differs from the last chunk's";
+    if (gated) {
+      EXPECT_EQ(differing_floats(run_cuda(Path::kThenSigmoidMul), got), 0)
+          << "attention then sigmoid_mul differs from attention_gated";
     }
 
     // Each span's rows with the tolerance of the kernel that computed them.
@@ -253,6 +291,13 @@ class AttentionRig {
   size_t row_offset(int slot, int t) const {
     const int32_t page = tables_[size_t(slot) * stride_ + t / page_size_];
     return (size_t(page) * page_size_ + t % page_size_) * kv_dim_;
+  }
+  // Floats whose bits differ.
+  static int64_t differing_floats(const std::vector<float>& a, const std::vector<float>& b) {
+    const size_t common = std::min(a.size(), b.size());
+    int64_t n = static_cast<int64_t>(std::max(a.size(), b.size()) - common);
+    for (size_t i = 0; i < common; ++i) n += std::memcmp(&a[i], &b[i], 4) != 0 ? 1 : 0;
+    return n;
   }
   // Pool rows whose bytes differ (NaN rows compare by their bits, so untouched ones match).
   int64_t differing_rows(const std::vector<float>& a, const std::vector<float>& b) const {
@@ -352,6 +397,36 @@ TEST(CudaAttentionFp32Tiles, MatchesReference) {
   }
 }
 
+// The attention with its output gate (attention_gated; the blocks' path): against ref's attention
+// then sigmoid_mul, and bit for bit against the CUDA backend's own two ops and its combine launch
+// (AttentionRig::step). Decode-shaped steps take the gate in the chunks' merge; a step with a
+// prefill span runs the two ops.
+TEST(CudaAttentionGated, MatchesReferenceAndTheTwoOps) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<std::vector<std::pair<int, int>>> cases = {
+      {{1, 0}},
+      {{1, 700}},
+      {{1, 5000}},
+      {{1, 40}, {1, 3000}, {1, 129}},
+      {{2, 500}, {4, 90}, {3, 0}},  // short spans: split shape where count * G <= 16
+      {{1, 300}, {17, 45}, {1, 1000}}};
+  for (const HeadShape& shape : {kTiny, k35B, k27B, kMha}) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      SCOPED_TRACE(std::string(shape.name) + " case " + std::to_string(i));
+      const int n_spans = static_cast<int>(cases[i].size());
+      std::vector<int> initial(n_spans + 1, 0), capacity(n_spans + 1, 1);
+      std::vector<SpanRows> rows;
+      for (int j = 0; j < n_spans; ++j) {
+        initial[j + 1] = cases[i][j].second;
+        capacity[j + 1] = cases[i][j].first + cases[i][j].second;
+        rows.push_back({j + 1, cases[i][j].first});
+      }
+      AttentionRig rig(shape, 64, initial, capacity, 100 + i);
+      rig.step(rows, 8, /*gated=*/true);
+    }
+  }
+}
+
 // Several steps on the same pools: keys a step appended are read back from the pages by the next.
 TEST(CudaAttentionSteps, LaterStepsReadAppendedKeys) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
@@ -362,6 +437,7 @@ TEST(CudaAttentionSteps, LaterStepsReadAppendedKeys) {
     rig.step({{1, 1}, {0, 1}}, 8);           // both decode, slots out of order
     rig.step({{0, 3}, {1, 1}, {2, 40}}, 8);  // a short span, a decode row, a new slot's prefill
     rig.step({{2, 1}, {0, 1}, {1, 1}}, 8);
+    rig.step({{1, 1}, {2, 1}}, 8, /*gated=*/true);
   }
   // The same through the prefill kernel's tiles: a second prefill over keys the first appended.
   for (const HeadShape& shape : {k27B, kMha}) {

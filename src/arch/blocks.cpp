@@ -73,8 +73,8 @@ void attention_block(const BlockContext& ctx, const model::AttentionWeights& w, 
   const int64_t n = ctx.n, nq = int64_t{c.n_head} * c.head_dim;
   const AttentionRows rows = attention_projections(ctx, w, x);
   float* attn = ops.alloc(n * nq);
-  ops.attention(attention_core_args(ctx, rows, il, attn));
-  attention_output(ctx, w, rows, attn, out);
+  ops.attention_gated(attention_core_args(ctx, rows, il, attn), rows.gate, nq, n);
+  ops.matmul(w.output, attn, out, n);
 }
 
 void deltanet_block(const BlockContext& ctx, const model::DeltaNetWeights& w, int il,

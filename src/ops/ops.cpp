@@ -18,6 +18,12 @@ void Ops::add_rmsnorm_moe(const NormedInput& in, const MoeWeights& w, float* out
   moe(w, in.h, out, n, n_expert, k);
 }
 
+void Ops::attention_gated(const AttentionArgs& args, const float* gate, int64_t gate_stride,
+                          int64_t n) {
+  attention(args);
+  sigmoid_mul(args.out, gate, gate_stride, args.out, n, int64_t{args.n_head} * args.head_dim);
+}
+
 void Ops::attention_heads(const AttentionHeadsArgs& a) {
   const int64_t hd = a.head_dim, rows_q = a.n * a.n_head;
   copy_2d(a.q_gate, 2 * hd, a.q, hd, rows_q, hd);

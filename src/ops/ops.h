@@ -130,6 +130,10 @@ class Ops {
 
   // ---- Blocks (one call per layer for the whole batch) ----
   virtual void attention(const AttentionArgs& args) = 0;
+  // attention(args), then args.out [n, n_head * head_dim] *= sigmoid(gate) (SPEC: the gated
+  // attention's output gate; gate rows gate_stride floats apart): the two ops by default.
+  virtual void attention_gated(const AttentionArgs& args, const float* gate, int64_t gate_stride,
+                               int64_t n);
   virtual void deltanet(const DeltaNetArgs& args) = 0;
   // out [n, dim] = the MoE FFN of x [n, dim] (SPEC: router softmax, top-k renormalised, routed
   // SwiGLU experts, shared expert scaled by sigmoid(shared_gate_inp . x)); routing stays inside.

@@ -11,7 +11,9 @@
 //  - split: spans whose vectors fit one tile (count * G <= kTileVectors: decode rows, and the few
 //    rows of a speculative / MTP check). Flash-decoding: the span's keys are cut into chunks, one
 //    block each, that write unnormalised partials (acc, running max, running sum) to the
-//    workspace; a combine launch merges them into out.
+//    workspace; the last chunk of a (span, KV head) to finish merges them into out (a completion
+//    counter each; without counters, or with QWENRT_CUDA_ATTN_FOLD=0, a combine launch does),
+//    times sigmoid(gate) where the caller gives the attention's output gate.
 //  - tiles: longer (prefill) spans. One block per tile over all the keys its rows see (causal),
 //    writing out directly. By default these spans go to attention_prefill.cu's tensor-core
 //    kernel instead (the same rules, tiles of 64 vectors); QWENRT_CUDA_FLASH_PREFILL=0 keeps
@@ -32,6 +34,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/paged_kv.cuh"
@@ -48,7 +51,7 @@ constexpr int kKeyTile = 32;      // keys per shared-memory tile: one key per la
 // context; bench/results/h100-decode-fusions-2026-12-06.md).
 constexpr int kMinChunk = 32;
 constexpr int kMaxSplits = 128;  // split: chunks per span at most (a combine thread each)
-static_assert(kMaxSplits <= kThreads, "the combine gives each chunk a thread");
+static_assert(kMaxSplits % 32 == 0, "the merge gives each lane of a warp whole chunks");
 // split: chunks are counted so that a step of few decode rows still has ~2 blocks per SM of an
 // H200 (132 SMs) per KV head; batches of many rows need fewer chunks to fill the GPU.
 constexpr int kSplitBlocksTarget = 256;
@@ -89,6 +92,9 @@ struct Smem {
 };
 // D = 256: 153,344 bytes, under sm_80's 163 KiB opt-in limit (one block per SM on an H200).
 static_assert(Smem<256>::kBytes <= 163 * 1024, "attention tiles must fit sm_80's shared memory");
+// The merge's weights in the K buffers (combine_span's scratch in the attention launch).
+static_assert(kTileVectors * kMaxSplits <= 2 * kKeyTile * Smem<64>::kKStride,
+              "the merge's weights fit the K buffers");
 
 // The kernels' arguments: plain pointers and sizes.
 struct KernelArgs {
@@ -114,6 +120,12 @@ struct KernelArgs {
   int min_chunk;  // split: the fewest keys a chunk takes (whole key tiles)
   int part_rows;
   int tiles_per_span;  // tiles launch: the grid's tile bound
+  // split: out times sigmoid(gate) (the gated attention's output gate; rows gate_stride floats
+  // apart), or null; zeroed completion counters [n_spans, n_kv_heads] (the last chunk merges),
+  // or null (the combine launch merges).
+  const float* gate;
+  int64_t gate_stride;
+  unsigned* counters;
 };
 
 // Whether a span takes the split shape: all its vectors of one KV head fit one tile.
@@ -159,6 +171,81 @@ __device__ __forceinline__ void score_dots(const float* q_s, const float* k_row,
   for (int i = 0; i < NV; ++i) dot[i] = acc0[i] + acc1[i];
 }
 
+// Merges the chunks of split span s for KV head g into out, all count * G vectors of the span
+// by the whole block: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p over the span's
+// active chunks p (in chunk order), times sigmoid(gate) where a gate is given. First a warp a
+// vector forms the chunks' weights e^(m_p - M) / L into weight_s [kTileVectors][kMaxSplits],
+// then each thread sums its float4s of the outputs over the chunks. Chunk 0 holds key 0, which
+// every row sees, so M is finite; a chunk whose keys a row cannot see has m = -inf and weight 0.
+// The partials are read from L2 (__ldcg): other blocks of the same launch may have written them.
+template <int D>
+__device__ __forceinline__ void combine_span(const KernelArgs& a, int s, int g, float* weight_s) {
+  constexpr int kPerLane = kMaxSplits / 32;
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32, G = a.group;
+  const Span sp = a.spans[s];
+  const int n_vec = sp.count * G, n_kv = sp.n_past + sp.count;
+  const int chunk = split_chunk(n_kv, a.n_splits, a.min_chunk);
+  const int n_active = (n_kv + chunk - 1) / chunk;
+  const int64_t split_stride = int64_t{a.part_rows} * a.n_head;
+  const int64_t base = int64_t{s} * a.n_splits * split_stride;
+  for (int v = warp; v < n_vec; v += kWarps) {
+    const int64_t slot = base + int64_t{v / G} * a.n_head + g * G + v % G;
+    float m[kPerLane], l[kPerLane];
+    float M = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int p = lane + 32 * i;
+      m[i] = -INFINITY;
+      l[i] = 0.0f;
+      if (p < n_active) {
+        const float2 ml =
+            __ldcg(reinterpret_cast<const float2*>(a.part_ml) + slot + p * split_stride);
+        m[i] = ml.x;
+        l[i] = ml.y;
+      }
+      M = fmaxf(M, m[i]);
+    }
+    for (int o = 16; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float e[kPerLane], L = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      e[i] = lane + 32 * i < n_active ? expf(m[i] - M) : 0.0f;
+      L = fmaf(l[i], e[i], L);
+    }
+    for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int p = lane + 32 * i;
+      if (p < n_active) weight_s[v * kMaxSplits + p] = e[i] / L;
+    }
+  }
+  __syncthreads();
+  constexpr int kDimGroups = D / 4;
+  for (int idx = t; idx < n_vec * kDimGroups; idx += kThreads) {
+    const int v = idx / kDimGroups, c = idx % kDimGroups;
+    const int r = v / G, h = g * G + v % G;
+    const int64_t slot = base + int64_t{r} * a.n_head + h;
+    const float* w = weight_s + v * kMaxSplits;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int p = 0; p < n_active; ++p) {
+      const float4 x =
+          __ldcg(reinterpret_cast<const float4*>(a.part_acc + (slot + p * split_stride) * D) + c);
+      o.x = fmaf(w[p], x.x, o.x);
+      o.y = fmaf(w[p], x.y, o.y);
+      o.z = fmaf(w[p], x.z, o.z);
+      o.w = fmaf(w[p], x.w, o.w);
+    }
+    if (a.gate) {  // as sigmoid_mul computes it on the stored output
+      const float4 gv = reinterpret_cast<const float4*>(
+          a.gate + (int64_t{sp.begin} + r) * a.gate_stride + int64_t{h} * D)[c];
+      o = make_float4(o.x * sigmoid(gv.x), o.y * sigmoid(gv.y), o.z * sigmoid(gv.z),
+                      o.w * sigmoid(gv.w));
+    }
+    reinterpret_cast<float4*>(a.out + ((int64_t{sp.begin} + r) * a.n_head + h) * D)[c] = o;
+  }
+}
+
 // One block: (tile or chunk blockIdx.x, span blockIdx.y, KV head blockIdx.z).
 template <int D, bool kSplit>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a) {
@@ -185,10 +272,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
   // This block's vectors [vec0, vec0 + n_vec) of the span's count * G and keys [key_begin,
   // key_end).
   int vec0, n_vec, key_begin, key_end;
+  int n_chunks = 0;  // split: the span's active chunks
   bool writes_kv;
   if constexpr (kSplit) {
     if (!is_split_span(sp.count, G)) return;
     const int chunk = split_chunk(n_kv, a.n_splits, a.min_chunk);
+    n_chunks = (n_kv + chunk - 1) / chunk;
     key_begin = blockIdx.x * chunk;
     if (key_begin >= n_kv) return;  // a chunk beyond this context
     key_end = min(n_kv, key_begin + chunk);
@@ -399,126 +488,55 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const KernelArgs a)
       }
     }
   }
-  if (!pv || ks != 0) return;
-
-    // Results of the tile's vectors (m_s / l_s final after the last barrier).
+  // Results of the tile's vectors (m_s / l_s final after the last barrier).
+  if (pv && ks == 0) {
 #pragma unroll
-  for (int i = 0; i < kVpt; ++i) {
-    const int v = vbase + i;
-    if (v >= n_vec) break;
-    const int vg = vec0 + v, r = vg / G, h = g * G + vg % G;
-    if constexpr (kSplit) {
-      const int64_t slot = (int64_t{s} * a.n_splits + blockIdx.x) * a.part_rows * a.n_head +
-                           int64_t{r} * a.n_head + h;
-      reinterpret_cast<float4*>(a.part_acc + slot * D)[dg] = acc[i];
-      if (dg == 0) {
-        a.part_ml[slot * 2] = m_s[v];
-        a.part_ml[slot * 2 + 1] = l_s[v];
+    for (int i = 0; i < kVpt; ++i) {
+      const int v = vbase + i;
+      if (v >= n_vec) break;
+      const int vg = vec0 + v, r = vg / G, h = g * G + vg % G;
+      if constexpr (kSplit) {
+        const int64_t slot = (int64_t{s} * a.n_splits + blockIdx.x) * a.part_rows * a.n_head +
+                             int64_t{r} * a.n_head + h;
+        reinterpret_cast<float4*>(a.part_acc + slot * D)[dg] = acc[i];
+        if (dg == 0) {
+          a.part_ml[slot * 2] = m_s[v];
+          a.part_ml[slot * 2 + 1] = l_s[v];
+        }
+      } else {
+        const float inv = 1.0f / l_s[v];  // > 0: every row sees at least its own key
+        const float4 o =
+            make_float4(acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv);
+        reinterpret_cast<float4*>(a.out + ((int64_t{sp.begin} + r) * a.n_head + h) * D)[dg] = o;
       }
-    } else {
-      const float inv = 1.0f / l_s[v];  // > 0: every row sees at least its own key
-      const float4 o = make_float4(acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv);
-      reinterpret_cast<float4*>(a.out + ((int64_t{sp.begin} + r) * a.n_head + h) * D)[dg] = o;
     }
+  }
+  if constexpr (kSplit) {
+    if (a.counters == nullptr) return;  // the combine launch merges
+    // The span's last active chunk for this KV head merges them all (its partials in L2 after
+    // the fence; the K buffers are free scratch after the barrier).
+    __shared__ bool s_last;
+    __threadfence();
+    __syncthreads();
+    unsigned* counter = a.counters + int64_t{s} * gridDim.z + g;
+    if (t == 0) s_last = atomicAdd(counter, 1u) == static_cast<unsigned>(n_chunks - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    combine_span<D>(a, s, g, k_s);
+    if (t == 0) *counter = 0;  // ready for the next launch (graph replays too)
   }
 }
 
-// Merges the chunks of each split span: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
-// One block per (span, KV head, vector): thread p < n_active reads chunk p's (max, sum), the
-// block reduces M and the denominator, then the threads split the chunks (kParts groups over the
-// D / 4 float4s of the vector; the first kPrefetch of each thread loaded at once, with the (max,
-// sum) pairs), so that no load waits for another.
+// The merge as its own launch (no counters, or QWENRT_CUDA_ATTN_FOLD=0): one block per (split
+// span blockIdx.x, KV head blockIdx.y), combine_span's arithmetic.
 template <int D>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const KernelArgs a) {
   pdl_launch_dependents();
   pdl_wait();  // launched dependent (pdl.cuh): before any read
-  constexpr int kDimGroups = D / 4, kParts = kThreads / kDimGroups;
-  __shared__ float weight_s[kMaxSplits];
-  __shared__ float red_s[2][kWarps];
-  __shared__ float4 acc_s[kThreads];
-  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  const int s = blockIdx.x, g = blockIdx.y, v = blockIdx.z, G = a.group;
-  const Span sp = a.spans[s];
-  if (!is_split_span(sp.count, G) || v >= sp.count * G) return;
-  const int n_kv = sp.n_past + sp.count;
-  const int chunk = split_chunk(n_kv, a.n_splits, a.min_chunk);
-  const int n_active = (n_kv + chunk - 1) / chunk;
-  const int64_t split_stride = int64_t{a.part_rows} * a.n_head;
-  const int64_t slot =
-      int64_t{s} * a.n_splits * split_stride + int64_t{v / G} * a.n_head + g * G + v % G;
-
-  // This thread's first kPrefetch chunks' partial sums, loaded before the weights are known.
-  constexpr int kPrefetch = 4;
-  const int c = t % kDimGroups, part = t / kDimGroups;
-  float4 pre[kPrefetch];
-#pragma unroll
-  for (int i = 0; i < kPrefetch; ++i) {
-    const int p = part + i * kParts;
-    pre[i] = p < n_active
-                 ? reinterpret_cast<const float4*>(a.part_acc + (slot + p * split_stride) * D)[c]
-                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-
-  // Chunk 0 holds key 0, which every row sees, so M is finite; a chunk whose keys a row cannot
-  // see has m = -inf and gets weight 0.
-  float m = -INFINITY, l = 0.0f;
-  if (t < n_active) {
-    const float2 ml = reinterpret_cast<const float2*>(a.part_ml)[slot + t * split_stride];
-    m = ml.x;
-    l = ml.y;
-  }
-  float M = m;
-  for (int o = 16; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  if (lane == 0) red_s[0][warp] = M;
-  __syncthreads();
-  M = red_s[0][0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) M = fmaxf(M, red_s[0][w]);
-  const float e = t < n_active ? expf(m - M) : 0.0f;
-  float L = l * e;
-  for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
-  if (lane == 0) red_s[1][warp] = L;
-  __syncthreads();
-  L = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) L += red_s[1][w];
-  if (t < n_active) weight_s[t] = e / L;
-  __syncthreads();
-
-  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-  for (int i = 0; i < kPrefetch; ++i) {
-    const int p = part + i * kParts;
-    const float w = p < n_active ? weight_s[p] : 0.0f;
-    o.x = fmaf(w, pre[i].x, o.x);
-    o.y = fmaf(w, pre[i].y, o.y);
-    o.z = fmaf(w, pre[i].z, o.z);
-    o.w = fmaf(w, pre[i].w, o.w);
-  }
-#pragma unroll 4
-  for (int p = part + kPrefetch * kParts; p < n_active; p += kParts) {
-    const float w = weight_s[p];
-    const float4 x = reinterpret_cast<const float4*>(a.part_acc + (slot + p * split_stride) * D)[c];
-    o.x = fmaf(w, x.x, o.x);
-    o.y = fmaf(w, x.y, o.y);
-    o.z = fmaf(w, x.z, o.z);
-    o.w = fmaf(w, x.w, o.w);
-  }
-  if constexpr (kParts > 1) {
-    acc_s[t] = o;
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int q = 1; q < kParts; ++q) {
-      const float4 x = acc_s[q * kDimGroups + c];
-      o.x += x.x;
-      o.y += x.y;
-      o.z += x.z;
-      o.w += x.w;
-    }
-  }
-  const int r = v / G, h = g * G + v % G;
-  reinterpret_cast<float4*>(a.out + ((int64_t{sp.begin} + r) * a.n_head + h) * D)[c] = o;
+  __shared__ float weight_s[kTileVectors * kMaxSplits];
+  if (!is_split_span(a.spans[blockIdx.x].count, a.group)) return;
+  combine_span<D>(a, blockIdx.x, blockIdx.y, weight_s);
 }
 
 // The fewest keys a split chunk takes: kMinChunk, or QWENRT_CUDA_ATTN_MIN_CHUNK (rounded up to
@@ -557,9 +575,17 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// Whether the last chunk merges the split spans' chunks (the default) or a combine launch does
+// (QWENRT_CUDA_ATTN_FOLD=0; read per call, tests switch it).
+bool fold_combine() {
+  const char* v = std::getenv("QWENRT_CUDA_ATTN_FOLD");
+  return !(v && std::string(v) == "0");
+}
+
 template <int D>
 void launch(const DeviceStep& step, const AttentionArgs& args, void* workspace,
-            cudaStream_t stream) {
+            const AttentionOutput& output, cudaStream_t stream) {
+  const bool fold = output.counters != nullptr && fold_combine();
   const int group = args.n_head / args.n_head_kv;
   const int n_splits = split_count(step);
   const int part_rows = partial_rows(step);
@@ -587,7 +613,10 @@ void launch(const DeviceStep& step, const AttentionArgs& args, void* workspace,
                       .n_splits = n_splits,
                       .min_chunk = min_chunk(),
                       .part_rows = part_rows,
-                      .tiles_per_span = static_cast<int>(tiles)};
+                      .tiles_per_span = static_cast<int>(tiles),
+                      .gate = output.gate,
+                      .gate_stride = output.gate_stride,
+                      .counters = fold ? output.counters : nullptr};
   constexpr size_t smem = Smem<D>::kBytes;
   // The opt-in above 48 KiB is a function attribute, not a stream operation (no synchronisation,
   // allowed while a graph is captured); setting it every call keeps it right on every device.
@@ -599,10 +628,10 @@ void launch(const DeviceStep& step, const AttentionArgs& args, void* workspace,
                    dim3(static_cast<unsigned>(n_splits), n_spans, n_kv_heads), kThreads, smem,
                    stream, ka);
   QWENRT_CUDA_CHECK_LAUNCH();
-  const unsigned n_vectors = static_cast<unsigned>(std::min(part_rows * group, kTileVectors));
-  launch_dependent(combine_kernel<D>, dim3(n_spans, n_kv_heads, n_vectors), kThreads, 0, stream,
-                   ka);
-  QWENRT_CUDA_CHECK_LAUNCH();
+  if (!fold) {
+    launch_dependent(combine_kernel<D>, dim3(n_spans, n_kv_heads), kThreads, 0, stream, ka);
+    QWENRT_CUDA_CHECK_LAUNCH();
+  }
   // Only when a span may be too long for the split shape: on tensor cores (attention_prefill.cu),
   // or this file's fp32 tiles with QWENRT_CUDA_FLASH_PREFILL=0.
   if (step.max_span_count > kTileVectors / group) {
@@ -626,9 +655,25 @@ int64_t attention_workspace_bytes(const DeviceStep& step, int n_head, int head_d
          4;
 }
 
+bool attention_gate_fits(const DeviceStep& step, const AttentionArgs& args, const float* gate,
+                         int64_t gate_stride) {
+  return args.n_head_kv > 0 && args.n_head % args.n_head_kv == 0 &&
+         step.max_span_count <= kTileVectors / (args.n_head / args.n_head_kv) && aligned16(gate) &&
+         gate_stride % 4 == 0;
+}
+
+int64_t attention_counters(const DeviceStep& step, const AttentionArgs& args) {
+  return int64_t{step.n_spans} * args.n_head_kv;
+}
+
 void attention(const DeviceStep& step, const AttentionArgs& args, void* workspace,
-               cudaStream_t stream) {
+               cudaStream_t stream, const AttentionOutput& output) {
   const std::string where = "cuda attention: ";
+  if (output.gate && !attention_gate_fits(step, args, output.gate, output.gate_stride)) {
+    cuda_fail(where +
+              "an output gate needs every span in the split shape, a 16-byte aligned "
+              "gate and a gate stride of whole float4s");
+  }
   if (args.n_head_kv <= 0 || args.n_head <= 0 || args.n_head % args.n_head_kv != 0) {
     cuda_fail(where + "n_head " + std::to_string(args.n_head) + " is not a multiple of n_head_kv " +
               std::to_string(args.n_head_kv));
@@ -664,13 +709,13 @@ void attention(const DeviceStep& step, const AttentionArgs& args, void* workspac
   }
   switch (args.head_dim) {
     case 64:
-      launch<64>(step, args, workspace, stream);
+      launch<64>(step, args, workspace, output, stream);
       break;
     case 128:
-      launch<128>(step, args, workspace, stream);
+      launch<128>(step, args, workspace, output, stream);
       break;
     default:
-      launch<256>(step, args, workspace, stream);
+      launch<256>(step, args, workspace, output, stream);
       break;
   }
 }

@@ -357,8 +357,8 @@ void CudaOps::sample(const float* logits, int64_t n_vocab, const SamplingRow* ro
       cuda::sample_greedy(logits, n_vocab, n_rows, dout, ws, stream_);
     } else {  // the rows go up only where the kernel reads them
       uint8_t* dev = sample_dev_.get(total);
-      QWENRT_CUDA_CHECK(cudaMemcpyAsync(dev, host, static_cast<size_t>(total),
-                                        cudaMemcpyHostToDevice, stream_));
+      QWENRT_CUDA_CHECK(
+          cudaMemcpyAsync(dev, host, static_cast<size_t>(total), cudaMemcpyHostToDevice, stream_));
       void* ws = arena_.take(cuda::sample_workspace_bytes(n_rows, n_vocab));
       cuda::sample(logits, n_vocab, reinterpret_cast<const cuda::DeviceSamplingRow*>(dev), n_rows,
                    reinterpret_cast<const int32_t*>(dev + bias_ids_off),

@@ -229,13 +229,26 @@ class CudaOps final : public Ops {
   }
 
   // ---- Blocks ----
-  void attention(const AttentionArgs& a) override {
+  void attention(const AttentionArgs& a) override { attention_with(a, nullptr, 0); }
+  // The gate in the split chunks' merge (attention.cu) where every span is decode-shaped.
+  void attention_gated(const AttentionArgs& a, const float* gate, int64_t gate_stride,
+                       int64_t n) override {
+    cuda::DeviceStep step = dstep_;
+    step.max_tokens = dstep_.page_table_stride * a.kv.page_size;
+    if (!cuda::attention_gate_fits(step, a, gate, gate_stride))
+      return Ops::attention_gated(a, gate, gate_stride, n);
+    attention_with(a, gate, gate_stride);
+  }
+  void attention_with(const AttentionArgs& a, const float* gate, int64_t gate_stride) {
     cuda::DeviceStep step = dstep_;
     step.max_tokens = dstep_.page_table_stride * a.kv.page_size;
     if (skip(cuda::attention_workspace_bytes(step, a.n_head, a.head_dim))) return;
     Scope s(this, op_class::kAttention);
     if (dropped(kDropAttention)) return;
-    cuda::attention(step, a, ws_, stream_);
+    cuda::attention(step, a, ws_, stream_,
+                    {.gate = gate,
+                     .gate_stride = gate_stride,
+                     .counters = counters(cuda::attention_counters(step, a))});
   }
   void deltanet(const DeltaNetArgs& a) override {
     if (skip(cuda::deltanet_workspace_bytes(dstep_, a))) return;

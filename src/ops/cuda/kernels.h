@@ -219,8 +219,20 @@ void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n_row
 // the slot's pages (DeviceStep::page_tables), then causal GQA attention of each query row over its
 // slot's keys (ref::attention_spans). Decode rows split long contexts across blocks.
 int64_t attention_workspace_bytes(const DeviceStep& step, int n_head, int head_dim);
+// What attention() may also do with its output: multiply it by sigmoid(gate) (rows gate_stride
+// floats apart; only where attention_gate_fits: every span in the split shape), and merge the
+// split chunks in the attention launch itself, given attention_counters() zeroed completion
+// counters (left zero).
+struct AttentionOutput {
+  const float* gate = nullptr;
+  int64_t gate_stride = 0;
+  unsigned* counters = nullptr;
+};
+bool attention_gate_fits(const DeviceStep& step, const AttentionArgs& args, const float* gate,
+                         int64_t gate_stride);
+int64_t attention_counters(const DeviceStep& step, const AttentionArgs& args);
 void attention(const DeviceStep& step, const AttentionArgs& args, void* workspace,
-               cudaStream_t stream);
+               cudaStream_t stream, const AttentionOutput& output = {});
 // The prefill shape of attention (attention_prefill.cu; attention() calls it): the KV append and
 // the output of the spans whose count * (n_head / n_head_kv) exceeds split_vectors (the others
 // take attention.cu's split shape), on tensor cores (f16 inputs, fp32 accumulation and softmax).
