@@ -87,7 +87,8 @@ for what in "$@"; do
       f=/tmp/synth-35B-A3B.gguf
       [ -f $f ] || build-cuda/qwenrt synth --like Qwen3.6-35B-A3B --quant Q4_K_M --out $f > /dev/null
       QWENRT_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none --cache-control none \
-        --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+        --section LaunchStats --section MemoryWorkloadAnalysis --print-details all \
         -k "regex:${KERNELS:-norm_route|resident_two|resident_gemv|rmsnorm_regs}" --launch-skip 400 \
         --launch-count 12 build-cuda/qwenrt bench -m $f -p 1 -n 8 -b 0 -r 1 > "$out/stalls-35B-A3B.txt" 2>&1
       grep -E "^  [a-zA-Z_:]+.*\(|Duration|Warp Cycles Per Issued|Achieved Occupancy|Memory Throughput" \
