@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "support/scoped_env.h"
 
 namespace qwenrt::ops {
 namespace {
@@ -210,6 +211,47 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaSampling,
                                            SamplingCase{248320, LogitKind::kTies, 8, 5},
                                            SamplingCase{248320, LogitKind::kFlat, 4, 20}),
                          case_name);
+
+// Rows that are all plain greedy (temperature 0, no bias, no penalties, n_top 0) take the split
+// greedy kernels: two launches, or one with QWENRT_CUDA_GREEDY_ONE=1 (whose row's last block
+// merges). Both against ref on vocabularies from 1 to past the one-launch path's 256 x 1024
+// elements, rows of their own logits (ties, flat rows), twice in a row (the completion counters
+// are reset by each launch).
+TEST(CudaSamplingGreedy, PlainRowsMatchReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const char* one : {"0", "1"}) {
+    const testing_support::ScopedEnv env("QWENRT_CUDA_GREEDY_ONE", one);
+    auto cuda = make_cuda_ops();
+    for (int64_t n_vocab : {1, 7, 1000, 3072, 248320, 300001}) {
+      std::mt19937_64 rng(77 + n_vocab);
+      std::vector<float> logits;
+      const int n_rows = n_vocab > 100000 ? 3 : 5;
+      for (int i = 0; i < n_rows; ++i) {
+        const auto l = make_logits(n_vocab, LogitKind(i % 3), rng);
+        logits.insert(logits.end(), l.begin(), l.end());
+      }
+      std::vector<SamplingRow> rows(n_rows);
+      for (auto& r : rows) r.temperature = 0;
+      const auto want = sample_on(*make_ref_ops(), logits, n_vocab, rows, 0);
+      for (int rep = 0; rep < 3; ++rep) {
+        // The third call asks for no log-probabilities: the same ids (a backend may leave the
+        // log-probability 0 then).
+        for (auto& r : rows) r.logprobs = rep < 2;
+        const auto got = sample_on(*cuda, logits, n_vocab, rows, 0);
+        for (int i = 0; i < n_rows; ++i) {
+          const std::string what = std::string("one launch ") + one + ", vocab " +
+                                   std::to_string(n_vocab) + ", row " + std::to_string(i) +
+                                   ", call " + std::to_string(rep);
+          if (rep < 2) {
+            expect_same(got[i], want[i], what);
+          } else {
+            EXPECT_EQ(got[i].id, want[i].id) << what;
+          }
+        }
+      }
+    }
+  }
+}
 
 // Rows of different logits in one call: each row's own logits are read.
 TEST(CudaSamplingRows, EachRowItsOwnLogits) {

@@ -342,11 +342,12 @@ void CudaOps::sample(const float* logits, int64_t n_vocab, const SamplingRow* ro
     d.u = r.u;
     d.n_top = n_top;
   }
-  bool plain_greedy = n_top == 0;
+  bool plain_greedy = n_top == 0, logprobs = false;
   for (int64_t i = 0; i < n_rows && plain_greedy; ++i) {
     const SamplingRow& r = rows[i];
     plain_greedy = r.temperature == 0 && r.logit_bias.empty() && r.presence_penalty == 0 &&
                    r.frequency_penalty == 0 && r.repetition_penalty == 1;
+    logprobs = logprobs || r.logprobs;
   }
   const int64_t out_bytes = n_rows * int64_t{sizeof(SampledToken)};
   auto* dout = reinterpret_cast<SampledToken*>(sample_out_dev_.get(out_bytes));
@@ -354,7 +355,7 @@ void CudaOps::sample(const float* logits, int64_t n_vocab, const SamplingRow* ro
     Scope s(this, op_class::kSample);
     if (plain_greedy && n_rows <= 65535) {
       void* ws = arena_.take(cuda::sample_greedy_workspace_bytes(n_rows));
-      cuda::sample_greedy(logits, n_vocab, n_rows, dout, ws, stream_);
+      cuda::sample_greedy(logits, n_vocab, n_rows, dout, ws, counters(n_rows), logprobs, stream_);
     } else {  // the rows go up only where the kernel reads them
       uint8_t* dev = sample_dev_.get(total);
       QWENRT_CUDA_CHECK(

@@ -375,9 +375,11 @@ void sample(const float* logits, int64_t n_vocab, const DeviceSamplingRow* rows,
             SampledToken* out, void* workspace, cudaStream_t stream);
 
 // The same for rows that are all plain greedy (temperature 0, no bias, no penalties, n_top 0):
-// the first maximum and its log-probability, the row split over many blocks.
+// the first maximum and its log-probability, the row split over many blocks. Given n_rows zeroed
+// completion counters (left zero) and QWENRT_CUDA_GREEDY_ONE=1, in one launch (read per call),
+// which skips the log-partition where no row wants log-probabilities (logprob then 0).
 int64_t sample_greedy_workspace_bytes(int64_t n_rows);
 void sample_greedy(const float* logits, int64_t n_vocab, int64_t n_rows, SampledToken* out,
-                   void* workspace, cudaStream_t stream);
+                   void* workspace, unsigned* counters, bool logprobs, cudaStream_t stream);
 
 }  // namespace qwenrt::ops::cuda

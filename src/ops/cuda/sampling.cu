@@ -27,6 +27,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "ops/cuda/check.h"
@@ -670,6 +671,102 @@ __global__ void greedy_combine_kernel(const float* __restrict__ logits, int64_t 
   out[row] = tok;
 }
 
+// The same pick in one launch (QWENRT_CUDA_GREEDY_ONE=1; opt-in until measured on a GPU): a row
+// split over up to kPickBlocks blocks of ~kPickPerBlock logits (4 a thread at 248k), each taking
+// its slice's first maximum, then the sum of exp relative to it in a second pass over the same
+// elements (no exp on the running maximum's chain); the row's last block to finish (a completion
+// counter a row, which it resets) merges the partials, one a thread, in double.
+constexpr int kPickBlocks = 256;
+constexpr int kPickPerBlock = 1024;
+static_assert(kPickBlocks <= kGreedyThreads, "the merge gives each partial a thread");
+
+// The block's (max, first id) and, in a second call, sum: every thread gets the result. Ties to
+// the lower id, so the order of the merge does not matter; the sums in a fixed tree.
+__device__ __forceinline__ void block_max_id(float& m, int32_t& id, float* s_m, int32_t* s_id) {
+  for (int off = 16; off > 0; off /= 2) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, off);
+    const int32_t oid = __shfl_xor_sync(0xffffffffu, id, off);
+    if (om > m || (om == m && oid < id)) m = om, id = oid;
+  }
+  const int warp = threadIdx.x / 32;
+  __syncthreads();  // the shared arrays are free (an earlier call's reads are done)
+  if (threadIdx.x % 32 == 0) s_m[warp] = m, s_id[warp] = id;
+  __syncthreads();
+  m = s_m[0];
+  id = s_id[0];
+  for (int w = 1; w < kGreedyThreads / 32; ++w) {
+    if (s_m[w] > m || (s_m[w] == m && s_id[w] < id)) m = s_m[w], id = s_id[w];
+  }
+}
+template <class T>
+__device__ __forceinline__ T block_sum(T v, T* s) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int warp = threadIdx.x / 32;
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) s[warp] = v;
+  __syncthreads();
+  T total = s[0];
+  for (int w = 1; w < kGreedyThreads / 32; ++w) total += s[w];
+  return total;
+}
+
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_pick_kernel(const float* __restrict__ logits, int64_t n, GreedyPart* __restrict__ parts,
+                       unsigned* __restrict__ counters, SampledToken* __restrict__ out,
+                       bool logprobs) {
+  pdl_launch_dependents();
+  __shared__ float s_m[kGreedyThreads / 32];
+  __shared__ int32_t s_id[kGreedyThreads / 32];
+  __shared__ double s_d[kGreedyThreads / 32];
+  __shared__ bool s_last;
+  const int64_t row = blockIdx.y;
+  const int G = gridDim.x;
+  const float* x = logits + row * n;
+  const int64_t per = (n + G - 1) / G;
+  const int64_t begin = blockIdx.x * per, end = min(n, begin + per);
+  float m = -INFINITY;
+  int32_t id = INT_MAX;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kGreedyThreads) {
+    const float v = x[i];
+    if (v > m) m = v, id = static_cast<int32_t>(i);  // ascending i per thread: the first
+  }
+  block_max_id(m, id, s_m, s_id);
+  float sum = 0.0f;  // without log-probabilities: the maximum only (the token's logprob is 0)
+  if (logprobs && m != -INFINITY) {
+    for (int64_t i = begin + threadIdx.x; i < end; i += kGreedyThreads) sum += expf(x[i] - m);
+  }
+  sum = block_sum(sum, reinterpret_cast<float*>(s_d));
+  if (threadIdx.x == 0) {
+    parts[row * G + blockIdx.x] = GreedyPart{m, id, sum};
+    __threadfence();
+    s_last = atomicAdd(counters + row, 1u) == static_cast<unsigned>(G - 1);
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  GreedyPart p{-INFINITY, INT_MAX, 0.0f};
+  if (int(threadIdx.x) < G) {
+    const GreedyPart* q = parts + row * G + threadIdx.x;
+    p = GreedyPart{__ldcg(&q->max), __ldcg(&q->id), __ldcg(&q->sum)};
+  }
+  float M = p.max;
+  int32_t best = p.id;
+  block_max_id(M, best, s_m, s_id);
+  double z = 0.0;
+  if (logprobs) {
+    z = block_sum(p.max != -INFINITY ? double(p.sum) * exp(double(p.max) - double(M)) : 0.0, s_d);
+  }
+  if (threadIdx.x == 0) {
+    SampledToken tok;
+    if (best == INT_MAX) best = 0;  // ref's max_element over all -inf logits: token 0
+    tok.id = best;
+    tok.logprob = logprobs ? static_cast<float>(double(x[best]) - (double(M) + log(z))) : 0.0f;
+    tok.n_top = 0;
+    out[row] = tok;
+    counters[row] = 0;  // ready for the next launch (graph replays too)
+  }
+}
+
 }  // namespace
 
 int64_t sample_workspace_bytes(int64_t n_rows, int64_t n_vocab) {
@@ -677,14 +774,28 @@ int64_t sample_workspace_bytes(int64_t n_rows, int64_t n_vocab) {
 }
 
 int64_t sample_greedy_workspace_bytes(int64_t n_rows) {
-  return n_rows * kGreedySlices * int64_t{sizeof(GreedyPart)};
+  return n_rows * std::max(kGreedySlices, kPickBlocks) * int64_t{sizeof(GreedyPart)};
+}
+
+bool greedy_one_launch() {
+  const char* v = std::getenv("QWENRT_CUDA_GREEDY_ONE");
+  return v && std::string(v) == "1";
 }
 
 void sample_greedy(const float* logits, int64_t n_vocab, int64_t n_rows, SampledToken* out,
-                   void* workspace, cudaStream_t stream) {
+                   void* workspace, unsigned* counters, bool logprobs, cudaStream_t stream) {
   if (n_rows == 0) return;
   if (n_rows > 65535) cuda_fail("sampling: " + std::to_string(n_rows) + " greedy rows at once");
   auto* parts = static_cast<GreedyPart*>(workspace);
+  if (counters && greedy_one_launch()) {
+    const int64_t blocks =
+        std::clamp<int64_t>((n_vocab + kPickPerBlock - 1) / kPickPerBlock, 1, kPickBlocks);
+    greedy_pick_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(n_rows)),
+                         kGreedyThreads, 0, stream>>>(logits, n_vocab, parts, counters, out,
+                                                      logprobs);
+    QWENRT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   greedy_parts_kernel<<<dim3(kGreedySlices, static_cast<unsigned>(n_rows)), kGreedyThreads, 0,
                         stream>>>(logits, n_vocab, parts);
   QWENRT_CUDA_CHECK_LAUNCH();
