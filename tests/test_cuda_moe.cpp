@@ -295,87 +295,92 @@ TEST(CudaMoe, NormFoldedIntoRoutingEqualsTheKernelsItReplaces) {
     int n_expert, k;
     bool gate;
   };
-  for (const Shape& sh :
-       {Shape{2048, 256, 8, true}, Shape{1024, 64, 4, false}, Shape{4096, 256, 8, true}}) {
-    for (int64_t n : {1, 2, 7, 16}) {
-      const int64_t dim = sh.dim;
-      const int n_expert = sh.n_expert, k = sh.k;
-      std::vector<float> x(n * dim), delta(n * dim), norm(dim), router(n_expert * dim), gate(dim);
-      for (auto& v : x) v = normal(rng);
-      for (auto& v : delta) v = normal(rng);
-      for (auto& v : norm) v = 1.0f + 0.1f * normal(rng);
-      for (auto& v : router) v = 0.05f * normal(rng);
-      for (auto& v : gate) v = 0.05f * normal(rng);
-      auto d_norm = cuda::to_device(norm.data(), dim * 4);
-      auto d_router = cuda::to_device(router.data(), router.size() * 4);
-      auto d_gate = cuda::to_device(gate.data(), dim * 4);
-      auto d_delta = cuda::to_device(delta.data(), n * dim * 4);
-      // The kernels it replaces: add_rmsnorm, then moe_route on our logits.
-      auto want_x = cuda::to_device(x.data(), n * dim * 4);
-      auto want_h = cuda::poisoned(n * dim);
-      cuda::add_rmsnorm(want_x->f(), d_delta->f(), d_norm->f(), want_h->f(), n, dim, 1e-6f,
-                        nullptr);
-      auto counters = cuda::to_device(std::vector<unsigned>(cuda::kNormRouteMaxRows, 0).data(),
-                                      cuda::kNormRouteMaxRows * 4);
-      auto got_x = cuda::to_device(x.data(), n * dim * 4);
-      auto got_h = cuda::poisoned(n * dim), logits = cuda::poisoned(n * n_expert);
-      auto ids = cuda::poisoned(n * k), weights = cuda::poisoned(n * k), scale = cuda::poisoned(n);
-      cuda::NormRouteArgs a{};
-      a.x = got_x->f();
-      a.delta = d_delta->f();
-      a.norm = d_norm->f();
-      a.eps = 1e-6f;
-      a.h = got_h->f();
-      a.n = n;
-      a.dim = dim;
-      a.router = d_router->f();
-      a.n_expert = n_expert;
-      a.k = k;
-      a.logits = logits->f();
-      a.counters = static_cast<unsigned*>(counters->ptr);
-      a.ids = static_cast<int32_t*>(ids->ptr);
-      a.weights = weights->f();
-      a.gate_inp = sh.gate ? d_gate->f() : nullptr;
-      a.shared_scale = scale->f();
-      ASSERT_TRUE(cuda::norm_route_fits(a)) << dim << " wide, " << n << " rows";
-      cuda::moe_norm_route(a, nullptr);
-      auto want_ids = cuda::poisoned(n * k), want_w = cuda::poisoned(n * k);
-      auto want_scale = cuda::poisoned(n);
-      cuda::moe_route(logits->f(), n, n_expert, k, static_cast<int32_t*>(want_ids->ptr),
-                      want_w->f(), want_h->f(), sh.gate ? d_gate->f() : nullptr, dim,
-                      want_scale->f(), nullptr);
-      const std::string at = std::to_string(dim) + " wide, " + std::to_string(n_expert) +
-                             " experts, " + std::to_string(n) + " rows";
-      EXPECT_EQ(device_bits(*got_x, n * dim), device_bits(*want_x, n * dim)) << "x, " << at;
-      EXPECT_EQ(device_bits(*got_h, n * dim), device_bits(*want_h, n * dim)) << "h, " << at;
-      EXPECT_EQ(device_bits(*ids, n * k), device_bits(*want_ids, n * k)) << "ids, " << at;
-      EXPECT_EQ(device_bits(*weights, n * k), device_bits(*want_w, n * k)) << "weights, " << at;
-      if (sh.gate) {
-        EXPECT_EQ(device_bits(*scale, n), device_bits(*want_scale, n)) << "shared gate, " << at;
-      }
-      EXPECT_EQ(device_bits(*counters, cuda::kNormRouteMaxRows),
-                std::vector<uint32_t>(cuda::kNormRouteMaxRows, 0))
-          << "counters, " << at;
-      const std::vector<float> h = cuda::to_host(*got_h, n * dim);
-      const std::vector<float> got_logits = cuda::to_host(*logits, n * n_expert);
-      double worst = 0;
-      for (int64_t r = 0; r < n; ++r) {
-        for (int e = 0; e < n_expert; ++e) {
-          double dot = 0, mag = 0;
-          for (int64_t i = 0; i < dim; ++i) {
-            dot += double(h[r * dim + i]) * router[e * dim + i];
-            mag += std::fabs(double(h[r * dim + i]) * router[e * dim + i]);
-          }
-          worst = std::max(worst, std::fabs(got_logits[r * n_expert + e] - dot) / mag);
+  for (const char* split : {"1", "4"}) {  // a warp a router row, or four (opt-in)
+    const testing_support::ScopedEnv env("QWENRT_CUDA_ROUTE_SPLIT", split);
+    for (const Shape& sh :
+         {Shape{2048, 256, 8, true}, Shape{1024, 64, 4, false}, Shape{4096, 256, 8, true}}) {
+      for (int64_t n : {1, 2, 7, 16}) {
+        const int64_t dim = sh.dim;
+        const int n_expert = sh.n_expert, k = sh.k;
+        std::vector<float> x(n * dim), delta(n * dim), norm(dim), router(n_expert * dim), gate(dim);
+        for (auto& v : x) v = normal(rng);
+        for (auto& v : delta) v = normal(rng);
+        for (auto& v : norm) v = 1.0f + 0.1f * normal(rng);
+        for (auto& v : router) v = 0.05f * normal(rng);
+        for (auto& v : gate) v = 0.05f * normal(rng);
+        auto d_norm = cuda::to_device(norm.data(), dim * 4);
+        auto d_router = cuda::to_device(router.data(), router.size() * 4);
+        auto d_gate = cuda::to_device(gate.data(), dim * 4);
+        auto d_delta = cuda::to_device(delta.data(), n * dim * 4);
+        // The kernels it replaces: add_rmsnorm, then moe_route on our logits.
+        auto want_x = cuda::to_device(x.data(), n * dim * 4);
+        auto want_h = cuda::poisoned(n * dim);
+        cuda::add_rmsnorm(want_x->f(), d_delta->f(), d_norm->f(), want_h->f(), n, dim, 1e-6f,
+                          nullptr);
+        auto counters = cuda::to_device(std::vector<unsigned>(cuda::kNormRouteMaxRows, 0).data(),
+                                        cuda::kNormRouteMaxRows * 4);
+        auto got_x = cuda::to_device(x.data(), n * dim * 4);
+        auto got_h = cuda::poisoned(n * dim), logits = cuda::poisoned(n * n_expert);
+        auto ids = cuda::poisoned(n * k), weights = cuda::poisoned(n * k),
+             scale = cuda::poisoned(n);
+        cuda::NormRouteArgs a{};
+        a.x = got_x->f();
+        a.delta = d_delta->f();
+        a.norm = d_norm->f();
+        a.eps = 1e-6f;
+        a.h = got_h->f();
+        a.n = n;
+        a.dim = dim;
+        a.router = d_router->f();
+        a.n_expert = n_expert;
+        a.k = k;
+        a.logits = logits->f();
+        a.counters = static_cast<unsigned*>(counters->ptr);
+        a.ids = static_cast<int32_t*>(ids->ptr);
+        a.weights = weights->f();
+        a.gate_inp = sh.gate ? d_gate->f() : nullptr;
+        a.shared_scale = scale->f();
+        ASSERT_TRUE(cuda::norm_route_fits(a)) << dim << " wide, " << n << " rows";
+        cuda::moe_norm_route(a, nullptr);
+        auto want_ids = cuda::poisoned(n * k), want_w = cuda::poisoned(n * k);
+        auto want_scale = cuda::poisoned(n);
+        cuda::moe_route(logits->f(), n, n_expert, k, static_cast<int32_t*>(want_ids->ptr),
+                        want_w->f(), want_h->f(), sh.gate ? d_gate->f() : nullptr, dim,
+                        want_scale->f(), nullptr);
+        const std::string at = std::to_string(dim) + " wide, " + std::to_string(n_expert) +
+                               " experts, " + std::to_string(n) + " rows, split " + split;
+        EXPECT_EQ(device_bits(*got_x, n * dim), device_bits(*want_x, n * dim)) << "x, " << at;
+        EXPECT_EQ(device_bits(*got_h, n * dim), device_bits(*want_h, n * dim)) << "h, " << at;
+        EXPECT_EQ(device_bits(*ids, n * k), device_bits(*want_ids, n * k)) << "ids, " << at;
+        EXPECT_EQ(device_bits(*weights, n * k), device_bits(*want_w, n * k)) << "weights, " << at;
+        if (sh.gate) {
+          EXPECT_EQ(device_bits(*scale, n), device_bits(*want_scale, n)) << "shared gate, " << at;
         }
+        EXPECT_EQ(device_bits(*counters, cuda::kNormRouteMaxRows),
+                  std::vector<uint32_t>(cuda::kNormRouteMaxRows, 0))
+            << "counters, " << at;
+        const std::vector<float> h = cuda::to_host(*got_h, n * dim);
+        const std::vector<float> got_logits = cuda::to_host(*logits, n * n_expert);
+        double worst = 0;
+        for (int64_t r = 0; r < n; ++r) {
+          for (int e = 0; e < n_expert; ++e) {
+            double dot = 0, mag = 0;
+            for (int64_t i = 0; i < dim; ++i) {
+              dot += double(h[r * dim + i]) * router[e * dim + i];
+              mag += std::fabs(double(h[r * dim + i]) * router[e * dim + i]);
+            }
+            worst = std::max(worst, std::fabs(got_logits[r * n_expert + e] - dot) / mag);
+          }
+        }
+        EXPECT_LT(worst, 1e-6) << "logits, " << at;
+        // Again on the same buffers (a replay): x moves on by delta once more, the rest follows.
+        const std::vector<uint32_t> first_ids = device_bits(*ids, n * k);
+        ASSERT_EQ(cudaMemcpy(got_x->ptr, x.data(), n * dim * 4, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        cuda::moe_norm_route(a, nullptr);
+        EXPECT_EQ(device_bits(*got_x, n * dim), device_bits(*want_x, n * dim)) << "x again, " << at;
+        EXPECT_EQ(device_bits(*ids, n * k), first_ids) << "ids again, " << at;
       }
-      EXPECT_LT(worst, 1e-6) << "logits, " << at;
-      // Again on the same buffers (a replay): x moves on by delta once more, the rest follows.
-      const std::vector<uint32_t> first_ids = device_bits(*ids, n * k);
-      ASSERT_EQ(cudaMemcpy(got_x->ptr, x.data(), n * dim * 4, cudaMemcpyHostToDevice), cudaSuccess);
-      cuda::moe_norm_route(a, nullptr);
-      EXPECT_EQ(device_bits(*got_x, n * dim), device_bits(*want_x, n * dim)) << "x again, " << at;
-      EXPECT_EQ(device_bits(*ids, n * k), first_ids) << "ids again, " << at;
     }
   }
 }

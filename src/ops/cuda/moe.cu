@@ -150,11 +150,13 @@ __global__ void __launch_bounds__(kRouteThreads)
 // The FFN's input norm, the router and the routing of a decode-sized step in one kernel. Grid
 // (G, n): the G blocks of row r each form x[r] + delta[r] and h = its rmsnorm * norm (the
 // arithmetic of elementwise.cu's rmsnorm_regs_kernel, so h is add_rmsnorm's bit for bit) into
-// shared memory, then the router logits of their experts and, as one more row, the shared
-// expert's gate (a warp a row, fp32 weights asked into L2 before the wait for the previous
-// kernel). The row's last block to finish (a counter a row, which it resets) writes x and h
-// (only now: every block of the row has read x) and the routing (route_block_kernel's).
-template <int NV, int kPerLane>
+// shared memory, then the router logits of their experts, kSplit warps a router row (each a
+// kSplit-th of the row, the parts summed in warp order; kSplit = 1: a warp a row) and, as one
+// more row, the shared expert's gate (one warp, route_block_kernel's dot4_warp; fp32 weights
+// asked into L2 before the wait for the previous kernel). The row's last block to finish (a
+// counter a row, which it resets) writes x and h (only now: every block of the row has read x)
+// and the routing (route_block_kernel's).
+template <int NV, int kPerLane, int kSplit>
 __global__ void __launch_bounds__(kRouteThreads)
     norm_route_kernel(float4* x, const float4* __restrict__ delta, const float4* __restrict__ norm,
                       float eps, float4* __restrict__ h, int64_t dim4,
@@ -162,19 +164,20 @@ __global__ void __launch_bounds__(kRouteThreads)
                       unsigned* __restrict__ counters, int k, int32_t* __restrict__ ids,
                       float* __restrict__ weights, const float* __restrict__ gate_inp,
                       float* __restrict__ shared_scale, const ExpertPrefetch prefetch, bool fast) {
-  constexpr int kWarps = kRouteThreads / 32;
+  constexpr int kWarps = kRouteThreads / 32, kRows = kWarps / kSplit;  // router rows a block
+  static_assert(kWarps % kSplit == 0, "whole router rows a block");
   pdl_launch_dependents();
   const int64_t row = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int first = blockIdx.x * kWarps;
+  const int first = blockIdx.x * kRows;
   // Rows of the router, then the shared expert's gate as row n_expert.
   const int n_rows = n_expert + (gate_inp ? 1 : 0);
   const float4* gate4 = reinterpret_cast<const float4*>(gate_inp);
   if (threadIdx.x == 0) {
-    for (int e = first; e < n_rows; e += gridDim.x * kWarps) {
+    for (int e = first; e < n_rows; e += gridDim.x * kRows) {
       if (e < n_expert)
-        l2_prefetch_range(router + e * dim4, int64_t{min(kWarps, n_expert - e)} * dim4 * 16);
-      if (gate_inp && n_expert >= e && n_expert < e + kWarps) l2_prefetch_range(gate4, dim4 * 16);
+        l2_prefetch_range(router + e * dim4, int64_t{min(kRows, n_expert - e)} * dim4 * 16);
+      if (gate_inp && n_expert >= e && n_expert < e + kRows) l2_prefetch_range(gate4, dim4 * 16);
     }
   }
   float4 v[NV], w[NV];
@@ -183,15 +186,32 @@ __global__ void __launch_bounds__(kRouteThreads)
   pdl_wait();                      // x and delta come from earlier kernels
   extern __shared__ float4 s_h[];  // [dim4]
   __shared__ bool s_last;
+  __shared__ float s_part[kWarps];
   add_norm_row<NV>(x + row * dim4, delta + row * dim4, w, eps, dim4, v, s_h);
-  for (int e = first + warp; e < n_rows; e += gridDim.x * kWarps) {
-    const float acc = dot4_warp(e < n_expert ? router + e * dim4 : gate4, s_h, dim4);
-    if (lane == 0) {
-      if (e < n_expert) {
-        logits[row * n_expert + e] = acc;
-      } else {
-        shared_scale[row] = sigmoid(acc);
+  const int64_t part4 = dim4 / kSplit;  // float4s of a router row a warp takes
+  const int q = warp % kSplit;          // this warp's part of its row
+  for (int e0 = first; e0 < n_rows; e0 += gridDim.x * kRows) {  // uniform over the block
+    const int e = e0 + warp / kSplit;
+    if (e < n_expert) {
+      const float acc = dot4_warp(router + e * dim4 + q * part4, s_h + q * part4, part4);
+      if constexpr (kSplit == 1) {
+        if (lane == 0) logits[row * n_expert + e] = acc;
+      } else if (lane == 0) {
+        s_part[warp] = acc;
       }
+    } else if (e == n_expert && gate_inp && q == 0) {
+      const float acc = dot4_warp(gate4, s_h, dim4);
+      if (lane == 0) shared_scale[row] = sigmoid(acc);
+    }
+    if constexpr (kSplit > 1) {
+      __syncthreads();
+      if (q == 0 && lane == 0 && e < n_expert) {
+        float sum = s_part[warp];
+#pragma unroll
+        for (int p = 1; p < kSplit; ++p) sum += s_part[warp + p];
+        logits[row * n_expert + e] = sum;
+      }
+      __syncthreads();  // s_part is rewritten by the next rows
     }
   }
   __threadfence();
@@ -296,12 +316,19 @@ void moe_norm_route(const NormRouteArgs& a, cudaStream_t stream) {
   if (!norm_route_fits(a)) cuda_fail("moe_norm_route: arguments outside what its kernel takes");
   constexpr int kWarps = kRouteThreads / 32;
   const int rows = a.n_expert + (a.gate_inp ? 1 : 0);  // the shared gate: one more row
-  const unsigned blocks = static_cast<unsigned>(std::min((rows + kWarps - 1) / kWarps, 64));
   const int64_t dim4 = a.dim / 4;
   const size_t smem = static_cast<size_t>(dim4) * sizeof(float4);
+  // QWENRT_CUDA_ROUTE_SPLIT=4 (read per call; opt-in until measured): four warps a router row,
+  // four times the blocks (~129 on the 35B-A3B instead of 33).
+  const char* env = std::getenv("QWENRT_CUDA_ROUTE_SPLIT");
+  const bool split = env && std::string(env) == "4";
+  const int per_block = split ? kWarps / 4 : kWarps;
+  const unsigned blocks =
+      static_cast<unsigned>(std::min((rows + per_block - 1) / per_block, split ? 256 : 64));
   with_per_lane(a.n_expert, [&](auto per_lane) {
     with_norm_vec(static_cast<int>(a.dim / (4 * kRouteThreads)), [&](auto nv) {
-      launch_dependent(norm_route_kernel<decltype(nv)::value, decltype(per_lane)::value>,
+      constexpr int kNv = decltype(nv)::value, kPl = decltype(per_lane)::value;
+      launch_dependent(split ? norm_route_kernel<kNv, kPl, 4> : norm_route_kernel<kNv, kPl, 1>,
                        dim3(blocks, static_cast<unsigned>(a.n)), kRouteThreads, smem, stream,
                        reinterpret_cast<float4*>(a.x), reinterpret_cast<const float4*>(a.delta),
                        reinterpret_cast<const float4*>(a.norm), a.eps,
