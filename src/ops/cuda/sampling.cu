@@ -777,7 +777,7 @@ int64_t sample_greedy_workspace_bytes(int64_t n_rows) {
   return n_rows * std::max(kGreedySlices, kPickBlocks) * int64_t{sizeof(GreedyPart)};
 }
 
-bool greedy_one_launch() {
+static bool greedy_one_launch() {
   const char* v = std::getenv("QWENRT_CUDA_GREEDY_ONE");
   return v && std::string(v) == "1";
 }
