@@ -233,9 +233,7 @@ class CudaOps final : public Ops {
   // The gate in the split chunks' merge (attention.cu) where every span is decode-shaped.
   void attention_gated(const AttentionArgs& a, const float* gate, int64_t gate_stride,
                        int64_t n) override {
-    cuda::DeviceStep step = dstep_;
-    step.max_tokens = dstep_.page_table_stride * a.kv.page_size;
-    if (!cuda::attention_gate_fits(step, a, gate, gate_stride))
+    if (!cuda::attention_gate_fits(dstep_, a, gate, gate_stride))
       return Ops::attention_gated(a, gate, gate_stride, n);
     attention_with(a, gate, gate_stride);
   }

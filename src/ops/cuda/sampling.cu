@@ -127,31 +127,37 @@ struct RowShared {
 };
 
 // ---- Block-wide helpers (every thread calls; every thread gets the result) ----
-// Partials combine in a fixed order, so the result is the same on every run.
+// Partials combine in a fixed order, so the result is the same on every run. Any block of whole
+// warps up to kThreads; scratch holds a value a warp.
 template <class T, class Op>
 __device__ T block_reduce(T v, Op op, T* scratch) {
   for (int off = 16; off > 0; off /= 2) v = op(v, __shfl_xor_sync(kFull, v, off));
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
   v = scratch[0];
-  for (int w = 1; w < kWarps; ++w) v = op(v, scratch[w]);
+  for (int w = 1; w < int(blockDim.x / 32); ++w) v = op(v, scratch[w]);
   __syncthreads();
   return v;
 }
-__device__ double block_sum(double v, RowShared& s) {
+template <class T>
+__device__ T block_sum(T v, T* scratch) {
   return block_reduce(
-      v, [](double a, double b) { return a + b; }, s.red_d);
+      v, [](T a, T b) { return a + b; }, scratch);
 }
-__device__ Best block_best(Best v, RowShared& s) {
+__device__ double block_sum(double v, RowShared& s) {
+  return block_sum(v, s.red_d);
+}
+// The best (l desc, id asc) over the block.
+__device__ Best block_best(Best v, Best* scratch) {
   for (int off = 16; off > 0; off /= 2) {
     const Best o{__shfl_xor_sync(kFull, v.l, off), __shfl_xor_sync(kFull, v.id, off)};
     if (better(o.l, o.id, v)) v = o;
   }
-  if (threadIdx.x % 32 == 0) s.red_b[threadIdx.x / 32] = v;
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
-  v = s.red_b[0];
-  for (int w = 1; w < kWarps; ++w) {
-    if (better(s.red_b[w].l, s.red_b[w].id, v)) v = s.red_b[w];
+  v = scratch[0];
+  for (int w = 1; w < int(blockDim.x / 32); ++w) {
+    if (better(scratch[w].l, scratch[w].id, v)) v = scratch[w];
   }
   __syncthreads();
   return v;
@@ -522,7 +528,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   raw_max = block_reduce(
       raw_max, [](float a, float b) { return fmaxf(a, b); }, s.red_f);
-  best = block_best(best, s);
+  best = block_best(best, s.red_b);
 
   // 3. The token.
   int32_t id;
@@ -680,43 +686,13 @@ constexpr int kPickBlocks = 256;
 constexpr int kPickPerBlock = 1024;
 static_assert(kPickBlocks <= kGreedyThreads, "the merge gives each partial a thread");
 
-// The block's (max, first id) and, in a second call, sum: every thread gets the result. Ties to
-// the lower id, so the order of the merge does not matter; the sums in a fixed tree.
-__device__ __forceinline__ void block_max_id(float& m, int32_t& id, float* s_m, int32_t* s_id) {
-  for (int off = 16; off > 0; off /= 2) {
-    const float om = __shfl_xor_sync(0xffffffffu, m, off);
-    const int32_t oid = __shfl_xor_sync(0xffffffffu, id, off);
-    if (om > m || (om == m && oid < id)) m = om, id = oid;
-  }
-  const int warp = threadIdx.x / 32;
-  __syncthreads();  // the shared arrays are free (an earlier call's reads are done)
-  if (threadIdx.x % 32 == 0) s_m[warp] = m, s_id[warp] = id;
-  __syncthreads();
-  m = s_m[0];
-  id = s_id[0];
-  for (int w = 1; w < kGreedyThreads / 32; ++w) {
-    if (s_m[w] > m || (s_m[w] == m && s_id[w] < id)) m = s_m[w], id = s_id[w];
-  }
-}
-template <class T>
-__device__ __forceinline__ T block_sum(T v, T* s) {
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  const int warp = threadIdx.x / 32;
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) s[warp] = v;
-  __syncthreads();
-  T total = s[0];
-  for (int w = 1; w < kGreedyThreads / 32; ++w) total += s[w];
-  return total;
-}
-
 __global__ void __launch_bounds__(kGreedyThreads)
     greedy_pick_kernel(const float* __restrict__ logits, int64_t n, GreedyPart* __restrict__ parts,
                        unsigned* __restrict__ counters, SampledToken* __restrict__ out,
                        bool logprobs) {
   pdl_launch_dependents();
-  __shared__ float s_m[kGreedyThreads / 32];
-  __shared__ int32_t s_id[kGreedyThreads / 32];
+  __shared__ Best s_b[kGreedyThreads / 32];
+  __shared__ float s_f[kGreedyThreads / 32];
   __shared__ double s_d[kGreedyThreads / 32];
   __shared__ bool s_last;
   const int64_t row = blockIdx.y;
@@ -730,14 +706,15 @@ __global__ void __launch_bounds__(kGreedyThreads)
     const float v = x[i];
     if (v > m) m = v, id = static_cast<int32_t>(i);  // ascending i per thread: the first
   }
-  block_max_id(m, id, s_m, s_id);
+  const Best slice = block_best(Best{m, id}, s_b);  // ties to the lower id
+  m = static_cast<float>(slice.l);
   float sum = 0.0f;  // without log-probabilities: the maximum only (the token's logprob is 0)
   if (logprobs && m != -INFINITY) {
     for (int64_t i = begin + threadIdx.x; i < end; i += kGreedyThreads) sum += expf(x[i] - m);
   }
-  sum = block_sum(sum, reinterpret_cast<float*>(s_d));
+  sum = block_sum(sum, s_f);
   if (threadIdx.x == 0) {
-    parts[row * G + blockIdx.x] = GreedyPart{m, id, sum};
+    parts[row * G + blockIdx.x] = GreedyPart{m, slice.id, sum};
     __threadfence();
     s_last = atomicAdd(counters + row, 1u) == static_cast<unsigned>(G - 1);
   }
@@ -749,16 +726,16 @@ __global__ void __launch_bounds__(kGreedyThreads)
     const GreedyPart* q = parts + row * G + threadIdx.x;
     p = GreedyPart{__ldcg(&q->max), __ldcg(&q->id), __ldcg(&q->sum)};
   }
-  float M = p.max;
-  int32_t best = p.id;
-  block_max_id(M, best, s_m, s_id);
+  const Best top = block_best(Best{p.max, p.id}, s_b);
+  const float M = static_cast<float>(top.l);
   double z = 0.0;
   if (logprobs) {
     z = block_sum(p.max != -INFINITY ? double(p.sum) * exp(double(p.max) - double(M)) : 0.0, s_d);
   }
   if (threadIdx.x == 0) {
     SampledToken tok;
-    if (best == INT_MAX) best = 0;  // ref's max_element over all -inf logits: token 0
+    // ref's max_element over all -inf logits: token 0
+    const int32_t best = top.id == INT_MAX ? 0 : top.id;
     tok.id = best;
     tok.logprob = logprobs ? static_cast<float>(double(x[best]) - (double(M) + log(z))) : 0.0f;
     tok.n_top = 0;
